@@ -1,0 +1,147 @@
+"""The layer view of an operator graph: the coarse layer graph the placement DP works on, each
+layer's operator subgraph for the ILP, and structural hashes so identical blocks are solved once.
+
+A layer (Phaze) is a contiguous subgraph always placed on one accelerator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .graph import OpGraph
+
+# Optimizer state per byte of parameters. "sgd": plain SGD keeps none (the Phaze solver's default);
+# "adam": one extra copy as in the Phaze DP ("Adam" = parameter size); "adam-mixed": fp32 master
+# weights plus two fp32 moments for fp16 parameters, 12 bytes per 2-byte parameter (ZeRO paper, §3.1).
+OPTIMIZER_STATE_PER_PARAM_BYTE = {"sgd": 0.0, "adam": 1.0, "adam-mixed": 6.0}
+
+_HASH_NODE_COLUMNS = ("kind", "core", "is_backward", "gemm_b", "gemm_m", "gemm_n", "gemm_k", "flops",
+                      "vector_flops", "input_bytes", "output_bytes", "weight_bytes", "saved_bytes",
+                      "tp_role")
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """Layers as nodes (arrays indexed by layer) and the transfers between them.
+
+    ``edge_*`` arrays list forward cross-layer transfers summed per layer pair; the backward pass
+    sends gradients of the same sizes the other way.
+    """
+
+    names: tuple[str, ...]
+    param_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activation_bytes: np.ndarray  # saved for backward, one microbatch
+    forward_flops: np.ndarray
+    backward_flops: np.ndarray
+    num_ops: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_bytes: np.ndarray
+    structural_hash: tuple[str, ...]
+    optimizer: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.names)
+
+    def repeat_groups(self) -> list[list[int]]:
+        """Layers with equal structural hashes, in first-appearance order (singletons included)."""
+        groups: dict[str, list[int]] = {}
+        for i, h in enumerate(self.structural_hash):
+            groups.setdefault(h, []).append(i)
+        return list(groups.values())
+
+    def is_linear(self) -> bool:
+        """True when layer i feeds only later layers and i → i+1 exists for every i: then the
+        downsets are the suffixes (the DP's fast path)."""
+        chain = set(zip(self.edge_src.tolist(), self.edge_dst.tolist()))
+        return all((i, i + 1) in chain for i in range(self.num_layers - 1)) and bool(
+            np.all(self.edge_src < self.edge_dst))
+
+
+def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
+    if optimizer not in OPTIMIZER_STATE_PER_PARAM_BYTE:
+        raise ValueError(f"optimizer {optimizer!r} unknown; allowed: {list(OPTIMIZER_STATE_PER_PARAM_BYTE)}")
+    names = tuple(g.meta.get("layers", ()))
+    if not names:
+        raise ValueError(f"graph {g.meta.get('model')!r} has no layers (meta['layers'] is empty)")
+    L = len(names)
+    nd = g.nodes
+    layer = nd["layer"]
+    if (layer < 0).any():
+        i = int(np.flatnonzero(layer < 0)[0])
+        raise ValueError(f"node {nd['id'][i]} ({nd['name'][i]}): field 'layer' is -1; every op "
+                         "needs a layer for the layer view")
+    fwd = ~nd["is_backward"]
+
+    def per_layer(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.bincount(layer[mask], weights=values[mask].astype(np.float64), minlength=L)
+
+    params = per_layer(nd["weight_bytes"], fwd).astype(np.int64)
+    src, dst = g.edge_pos
+    cross = (layer[src] != layer[dst]) & fwd[src] & fwd[dst]
+    pair = layer[src[cross]].astype(np.int64) * L + layer[dst[cross]]
+    uniq, inv = np.unique(pair, return_inverse=True)
+    ebytes = np.bincount(inv, weights=g.edges["bytes"][cross].astype(np.float64),
+                         minlength=len(uniq)).astype(np.int64)
+    return LayerGraph(
+        names=names,
+        param_bytes=params,
+        optimizer_bytes=(params * OPTIMIZER_STATE_PER_PARAM_BYTE[optimizer]).astype(np.int64),
+        activation_bytes=per_layer(nd["saved_bytes"], fwd).astype(np.int64),
+        forward_flops=per_layer(nd["flops"], fwd),
+        backward_flops=per_layer(nd["flops"], ~fwd),
+        num_ops=np.bincount(layer, minlength=L),
+        edge_src=(uniq // L).astype(np.int64),
+        edge_dst=(uniq % L).astype(np.int64),
+        edge_bytes=ebytes,
+        structural_hash=structural_hashes(g),
+        optimizer=optimizer,
+    )
+
+
+def structural_hashes(g: OpGraph) -> tuple[str, ...]:
+    """One hash per layer over its ops (in row order, names and ids ignored), its internal edges by
+    relative position, and the sizes crossing its boundary. Identical transformer blocks hash equal."""
+    names = g.meta.get("layers", ())
+    nd = g.nodes
+    layer = nd["layer"]
+    src, dst = g.edge_pos
+    rel = np.empty(g.num_nodes, dtype=np.int64)
+    out = []
+    for i in range(len(names)):
+        rows = np.flatnonzero(layer == i)
+        rel[rows] = np.arange(len(rows))
+        h = hashlib.blake2b(digest_size=12)
+        for c in _HASH_NODE_COLUMNS:
+            v = nd[c][rows]
+            h.update("\x1f".join(map(str, v)).encode() if v.dtype == object else v.tobytes())
+        # fwd_id as a relative position inside the layer
+        fwd_rows = np.searchsorted(np.sort(nd["id"]), nd["fwd_id"][rows])
+        id_order = np.argsort(nd["id"])
+        mapped = np.where(nd["fwd_id"][rows] >= 0,
+                          rel[id_order[np.clip(fwd_rows, 0, g.num_nodes - 1)]], -1)
+        h.update(mapped.tobytes())
+        inside = (layer[src] == i) & (layer[dst] == i)
+        h.update(rel[src[inside]].tobytes() + rel[dst[inside]].tobytes())
+        h.update(g.edges["bytes"][inside].tobytes())
+        into = (layer[dst] == i) & (layer[src] != i)
+        leave = (layer[src] == i) & (layer[dst] != i)
+        h.update(np.sort(rel[dst[into]] * 1_000_003 + g.edges["bytes"][into]).tobytes())
+        h.update(np.sort(rel[src[leave]] * 1_000_003 + g.edges["bytes"][leave]).tobytes())
+        out.append(h.hexdigest())
+    return tuple(out)
+
+
+def layer_subgraph(g: OpGraph, layer: int, backward: bool = False) -> OpGraph:
+    """The operator subgraph of one layer, forward or backward ops only."""
+    names = g.meta.get("layers", ())
+    if not 0 <= layer < len(names):
+        raise ValueError(f"layer {layer} out of range; the graph has {len(names)} layers")
+    mask = (g.nodes["layer"] == layer) & (g.nodes["is_backward"] == backward)
+    meta = dict(g.meta, layer=names[layer], pass_="backward" if backward else "forward")
+    return g.subgraph(mask, meta=meta)

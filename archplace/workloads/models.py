@@ -1,0 +1,186 @@
+"""Model presets (configs written in code from their published values) and ``build_graph``.
+
+The workloads of the Phaze paper's Table 2 (spec ``phaze.md`` §6) plus bert-base and t5-base.
+Megatron GPT models use the GPT-2 architecture (Megatron-LM's GPT is GPT-2 with its own widths).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .backward import derive_backward
+from .extract import capture_ops, ops_to_graph
+from .graph import OpGraph
+from .transforms import replicate_blocks, slice_tensor_parallel
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    family: str  # bert | gpt2 | opt | llama | t5
+    model_class: str  # transformers class
+    seq_len: int
+    config: dict[str, Any]
+    tmp_widths: tuple[int, ...]
+    source: str
+    layer_keys: tuple[str, ...] = field(default=())  # config fields holding stack depths
+
+    def make_config(self, **overrides):
+        import transformers
+
+        cls = getattr(transformers, {"bert": "BertConfig", "gpt2": "GPT2Config", "opt": "OPTConfig",
+                                     "llama": "LlamaConfig", "t5": "T5Config"}[self.family])
+        return cls(**{**self.config, **overrides}, attn_implementation="eager")
+
+    @property
+    def depths(self) -> dict[str, int]:
+        return {k: self.config[k] for k in self.layer_keys}
+
+
+def _gpt(n_layer: int, n_embd: int, n_head: int, seq: int, act: str = "gelu") -> dict:
+    return dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=seq, vocab_size=50257,
+                activation_function=act)
+
+
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
+    ModelPreset("bert-base", "bert", "BertModel", 512,
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     intermediate_size=3072), (1, 2, 4), "Devlin et al. 2019, BERT-Base",
+                ("num_hidden_layers",)),
+    ModelPreset("bert-large", "bert", "BertModel", 512,
+                dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                     intermediate_size=4096), (1, 2, 4, 8), "Devlin et al. 2019, BERT-Large",
+                ("num_hidden_layers",)),
+    ModelPreset("gpt2-xl", "gpt2", "GPT2LMHeadModel", 1024, _gpt(48, 1600, 25, 1024, "gelu_new"),
+                (1,), "Radford et al. 2019, GPT-2 XL (48 layers, 25 heads, hidden 1600)", ("n_layer",)),
+    ModelPreset("opt-350m", "opt", "OPTForCausalLM", 2048,
+                dict(hidden_size=1024, num_hidden_layers=24, ffn_dim=4096, num_attention_heads=16,
+                     word_embed_proj_dim=512, do_layer_norm_before=False, vocab_size=50272,
+                     max_position_embeddings=2048), (1, 2, 4, 8), "Zhang et al. 2022, OPT-350M",
+                ("num_hidden_layers",)),
+    ModelPreset("llama2-7b", "llama", "LlamaForCausalLM", 4096,
+                dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                     max_position_embeddings=4096, rms_norm_eps=1e-5),
+                (1, 2, 4, 8), "Touvron et al. 2023, Llama 2 7B", ("num_hidden_layers",)),
+    ModelPreset("t5-base", "t5", "T5ForConditionalGeneration", 512,
+                dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12,
+                     num_heads=12, vocab_size=32128), (1, 2, 4), "Raffel et al. 2020, T5-Base",
+                ("num_layers", "num_decoder_layers")),
+    ModelPreset("megatron-2.5b", "gpt2", "GPT2LMHeadModel", 1024, _gpt(54, 1920, 20, 1024),
+                (1, 2, 4), "Shoeybi et al. 2019, Megatron-LM GPT-2 2.5B (54 layers)", ("n_layer",)),
+    ModelPreset("megatron-8.3b", "gpt2", "GPT2LMHeadModel", 1024, _gpt(72, 3072, 32, 1024),
+                (1, 2, 4, 8), "Shoeybi et al. 2019, Megatron-LM GPT-2 8.3B (72 layers)", ("n_layer",)),
+    ModelPreset("gpt3-175b", "gpt2", "GPT2LMHeadModel", 2048, _gpt(96, 12288, 96, 2048),
+                (1, 2, 4, 8), "Brown et al. 2020, GPT-3 175B (96 layers, hidden 12288)", ("n_layer",)),
+]}
+
+# which block stack each depth field grows, by family (module path prefix of the blocks)
+_STACKS = {
+    "bert": {"num_hidden_layers": "encoder.layer"},
+    "gpt2": {"n_layer": "transformer.h"},
+    "opt": {"num_hidden_layers": "model.decoder.layers"},
+    "llama": {"num_hidden_layers": "model.layers"},
+    "t5": {"num_layers": "encoder.block", "num_decoder_layers": "decoder.block"},
+}
+_HAS_LOSS = {"gpt2", "opt", "llama", "t5"}  # models with an LM head get a cross-entropy loss op
+
+
+def preset(name: str) -> ModelPreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(PRESETS)}") from None
+
+
+def full_model_parameters(name: str) -> int:
+    """Parameter count that transformers reports for the full preset (built on the meta device)."""
+    import torch
+    import transformers
+
+    p = preset(name)
+    with torch.device("meta"):
+        model = getattr(transformers, p.model_class)(p.make_config())
+    return model.num_parameters()
+
+
+@functools.lru_cache(maxsize=32)
+def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
+                   fuse: bool) -> OpGraph:
+    import torch
+    import transformers
+
+    p = preset(name)
+    depths = p.depths
+    captured = {k: min(v, capture_blocks) for k, v in depths.items()}
+    cfg = p.make_config(**captured)
+    with torch.device("meta"):
+        model = getattr(transformers, p.model_class)(cfg)
+    model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
+    ids = torch.zeros((mbs, seq), dtype=torch.long, device="meta")
+    kwargs: dict[str, Any] = {}
+    if p.family in _HAS_LOSS:
+        kwargs["use_cache"] = False
+    if p.family == "t5":
+        kwargs["decoder_input_ids"] = ids
+    ops, _, unmapped = capture_ops(model, (ids,), kwargs, bytes_per_element)
+    meta = {"model": name, "source": f"transformers {transformers.__version__} "
+            f"{p.model_class}", "seq": seq, "mbs": mbs, "tmp": 1,
+            "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
+            "captured_blocks": captured, "blocks": depths}
+    g = ops_to_graph(ops, meta, fuse=fuse)
+    if p.family in _HAS_LOSS:
+        g = _append_loss(g)
+    for key, total in depths.items():
+        g = replicate_blocks(g, _STACKS[p.family][key], captured[key], total)
+    return g
+
+
+def _append_loss(g: OpGraph) -> OpGraph:
+    """Cross-entropy over the logits (the op with the largest output among the sinks)."""
+    import numpy as np
+
+    src, _ = g.edge_pos
+    sinks = np.setdiff1d(np.arange(g.num_nodes), src)
+    logits = sinks[np.argmax(g.nodes["output_bytes"][sinks])]
+    nd = g.nodes
+    lb = int(nd["output_bytes"][logits])
+    elems = lb / g.meta["bytes_per_element"]
+    new_id = int(nd["id"].max()) + 1
+    row = dict(id=new_id, name="loss/cross_entropy", kind="cross_entropy", core="vector",
+               layer=int(nd["layer"][logits]), flops=5.0 * elems, vector_flops=5.0 * elems,
+               input_bytes=lb, output_bytes=4, saved_bytes=lb)
+    cols = {c: np.concatenate([v, np.array([row.get(c, "" if v.dtype == object else
+                                                    (-1 if c == "fwd_id" else 0))], dtype=v.dtype)])
+            for c, v in nd.items()}
+    edges = {k: np.concatenate([v, np.array([{"src": nd["id"][logits], "dst": new_id, "bytes": lb,
+                                              "arg": 0}[k]], dtype=v.dtype)])
+             for k, v in g.edges.items()}
+    return OpGraph(cols, edges, dict(g.meta))
+
+
+def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, training: bool = True,
+                bytes_per_element: int = 2, capture_blocks: int = 3, fuse: bool = True) -> OpGraph:
+    """The operator graph of preset ``name``: one device's TMP slice of width ``tmp`` at microbatch
+    ``mbs`` and sequence ``seq`` (the preset's by default), with the backward pass when
+    ``training``."""
+    p = preset(name)
+    seq = p.seq_len if seq is None else seq
+    for field_name, value, allowed in (("mbs", mbs, None), ("seq", seq, None),
+                                       ("bytes_per_element", bytes_per_element, (1, 2, 4))):
+        if not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
+            raise ValueError(f"{field_name} must be a positive integer"
+                             f"{' in ' + str(allowed) if allowed else ''}, got {value!r}")
+    max_pos = p.config.get("n_positions", p.config.get("max_position_embeddings"))
+    if max_pos and seq > max_pos:
+        raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
+    if capture_blocks < 3:
+        raise ValueError("capture_blocks must be >= 3 (block 0 can differ; two more give the pattern)")
+    g = _forward_graph(name, seq, mbs, bytes_per_element, capture_blocks, fuse)
+    g = slice_tensor_parallel(g, tmp)
+    return derive_backward(g) if training else g
+
+
+ModelBuilder = Callable[..., OpGraph]
