@@ -111,8 +111,9 @@ def layered_dag(num_nodes: int, width: int, seed: int = 0, *, batch: int = 8, se
     """A layered random DAG of exactly ``num_nodes`` ops in levels of ``width`` (the last may be short).
 
     Level 0 holds the sources (``linear`` or ``layernorm`` on an external ``[batch*seq, hidden]``
-    input); every other op has 1 to ``max_in`` predecessors, one from the previous level and the rest
-    from the ``max_skip`` levels before that, preferring outputs nobody consumes yet. Every activation
+    input; op 0 is always a ``linear``); every other op has 1 to ``max_in`` predecessors, one from the
+    previous level and the rest from the ``max_skip`` levels before that, preferring outputs nobody
+    consumes yet. Every activation
     is ``[batch*seq, w]``: ``linear`` maps w to ``hidden`` or ``4*hidden``; ``matmul`` of two
     activations is attention-like, ``X @ Y^T`` (equal widths, gives width ``seq``, GEMM
     ``(batch, seq, seq, w)``) or ``P @ V`` (P of width ``seq``, GEMM ``(batch, seq, w_V, seq)``);
@@ -148,7 +149,7 @@ def layered_dag(num_nodes: int, width: int, seed: int = 0, *, batch: int = 8, se
         for _ in range(min(width, num_nodes - lvl * width)):
             nid = bld.num_nodes
             if lvl == 0:
-                if rng.random() < 0.5:
+                if nid == 0 or rng.random() < 0.5:  # the first source is a linear: every DAG has a GEMM
                     out = int(rng.choice([hidden, 4 * hidden]))
                     add_op("linear", f"L0.linear{nid}", out, [], gemm=(1, rows, out, hidden),
                            weight_elems=hidden * out, external_in_elems=rows * hidden)

@@ -184,6 +184,20 @@ def replicate_blocks(g: OpGraph, stack: str, captured: int, total: int) -> OpGra
              "dst": np.concatenate([edst, np.asarray(new_dst, dtype=np.int64)]),
              "bytes": np.concatenate([eb, np.asarray(new_b, dtype=np.int64)]),
              "arg": np.concatenate([ea, np.asarray(new_a, dtype=np.int16)])}
+    # rows: copies right after the block they copy, ids renumbered in row order, so that a
+    # replicated graph equals a full capture row for row
+    n0 = g.num_nodes
+    order = np.concatenate([np.arange(rows_last[-1] + 1), n0 + np.arange(extra * k),
+                            np.arange(rows_last[-1] + 1, n0)])
+    cols = {c: v[order] for c, v in cols.items()}
+    old_ids = cols["id"]
+    remap_sorted = np.argsort(old_ids)
+    def renumber(x: np.ndarray) -> np.ndarray:
+        return remap_sorted[np.searchsorted(old_ids[remap_sorted], x)].astype(np.int64)
+    edges["src"], edges["dst"] = renumber(edges["src"]), renumber(edges["dst"])
+    fwd = cols["fwd_id"]
+    cols["fwd_id"] = np.where(fwd >= 0, renumber(np.maximum(fwd, old_ids.min())), -1)
+    cols["id"] = np.arange(len(order), dtype=np.int64)
     meta = dict(g.meta, layers=new_layer_names)
     return OpGraph(cols, edges, meta)
 

@@ -1,0 +1,32 @@
+# archplace: `make test` sets itself up from a fresh clone (Python 3.11) and runs the test suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint bench run clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU wheel first, so no dependency pulls several GB of CUDA wheels
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check archplace tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/graph_capture.py
+
+run: $(STAMP)
+	$(BIN)/archplace graph bert-large
+
+clean:
+	rm -rf $(VENV) .pytest_cache

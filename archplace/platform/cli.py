@@ -1,0 +1,155 @@
+"""The ``archplace`` command line (contract in DESIGN.md): a human summary by default, one JSON
+object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_flops(f: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if f >= scale:
+            return f"{f / scale:.2f} {unit}"
+    return f"{f:.0f} FLOP"
+
+
+def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool = True):
+    """A preset name, a dnn-partitioning ``.json`` or an archplace ``.parquet`` graph."""
+    from archplace.workloads import OpGraph
+
+    path = Path(model)
+    if model.endswith(".parquet"):
+        if not path.exists():
+            raise ValueError(f"graph file {model!r} does not exist")
+        return OpGraph.from_parquet(path)
+    if model.endswith(".json"):
+        if not path.exists():
+            raise ValueError(f"graph file {model!r} does not exist")
+        from archplace.workloads.dnn_partitioning import load_dnn_partitioning
+
+        return load_dnn_partitioning(path)
+    from archplace.workloads.models import build_graph
+
+    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
+
+
+def graph_summary(g) -> dict[str, Any]:
+    import numpy as np
+
+    tot = g.totals()
+    fwd = ~g.nodes["is_backward"]
+    bpe = int(g.meta.get("bytes_per_element", 2))
+    out: dict[str, Any] = {
+        "model": g.meta.get("model"), "source": g.meta.get("source"),
+        "seq": g.meta.get("seq"), "mbs": g.meta.get("mbs"), "tmp": g.meta.get("tmp"),
+        "ops": tot["ops"], "forward_ops": tot["forward_ops"], "backward_ops": tot["backward_ops"],
+        "edges": tot["edges"], "parameters": tot["weight_bytes"] // bpe,
+        "weight_bytes": tot["weight_bytes"], "forward_flops": tot["forward_flops"],
+        "backward_flops": tot["backward_flops"], "activation_bytes": tot["activation_bytes"],
+        "ops_by_core": {c: int(n) for c, n in zip(*np.unique(g.nodes["core"][fwd], return_counts=True))},
+    }
+    layers = g.meta.get("layers") or []
+    out["layers"] = len(layers)
+    if layers and (g.nodes["layer"] >= 0).all():
+        from archplace.workloads import layer_graph
+
+        lg = layer_graph(g)
+        out["repeated_layer_groups"] = [
+            {"layers": [layers[i] for i in grp], "count": len(grp), "hash": lg.structural_hash[grp[0]]}
+            for grp in lg.repeat_groups()]
+        out["unique_layers"] = len(out["repeated_layer_groups"])
+    else:
+        out["repeated_layer_groups"] = []
+    return out
+
+
+def cmd_models(args) -> dict[str, Any]:
+    from archplace.workloads.models import PRESETS
+
+    return {"models": [{"name": p.name, "class": p.model_class, "seq": p.seq_len,
+                        "tmp_widths": list(p.tmp_widths), "source": p.source,
+                        "blocks": sum(p.depths.values())} for p in PRESETS.values()],
+            "other_sources": ["dnn-partitioning JSON file (path ending in .json)",
+                              "archplace graph Parquet file (path ending in .parquet)"]}
+
+
+def print_models(res: dict[str, Any]) -> None:
+    print(f"{'model':15s} {'transformers class':28s} {'seq':>5s} {'blocks':>6s}  tmp widths  source")
+    for m in res["models"]:
+        print(f"{m['name']:15s} {m['class']:28s} {m['seq']:5d} {m['blocks']:6d}  "
+              f"{','.join(map(str, m['tmp_widths'])):10s}  {m['source']}")
+    print("also accepted as MODEL: " + "; ".join(res["other_sources"]))
+
+
+def cmd_graph(args) -> dict[str, Any]:
+    g = load_graph(args.model, args.seq, args.mbs, args.tmp)
+    res = graph_summary(g)
+    if args.out:
+        res["out"] = str(g.to_parquet(args.out))
+    return res
+
+
+def print_graph(res: dict[str, Any]) -> None:
+    print(f"{res['model']}  (seq {res['seq']}, microbatch {res['mbs']}, tmp {res['tmp']})")
+    print(f"  ops          {res['ops']:,} ({res['forward_ops']:,} forward, {res['backward_ops']:,} backward), "
+          f"{res['edges']:,} edges")
+    print(f"  ops by core  " + ", ".join(f"{k} {v}" for k, v in res["ops_by_core"].items()))
+    print(f"  layers       {res['layers']} ({res.get('unique_layers', '-')} unique)")
+    print(f"  parameters   {res['parameters']:,} ({_fmt_bytes(res['weight_bytes'])})")
+    print(f"  flops        forward {_fmt_flops(res['forward_flops'])}, "
+          f"backward {_fmt_flops(res['backward_flops'])}")
+    print(f"  activations  {_fmt_bytes(res['activation_bytes'])} kept for backward")
+    for grp in res["repeated_layer_groups"]:
+        if grp["count"] > 1:
+            print(f"  repeated     {grp['count']} × {grp['layers'][0]} … {grp['layers'][-1]}")
+    if "out" in res:
+        print(f"  written      {res['out']}")
+
+
+COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="archplace", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("models", help="known model names and their sources")
+    m.add_argument("--json", action="store_true")
+    g = sub.add_parser("graph", help="extract a model's training operator graph")
+    g.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
+    g.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
+    g.add_argument("--mbs", type=int, default=1, help="microbatch size")
+    g.add_argument("--tmp", type=int, default=1, help="tensor-model-parallel width (one slice)")
+    g.add_argument("--out", help="write the graph to this Parquet file")
+    g.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run, show = COMMANDS[args.command]
+    try:
+        res = run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"archplace {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res, default=str))
+    else:
+        show(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
