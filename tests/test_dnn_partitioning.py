@@ -72,6 +72,7 @@ def test_parquet_round_trip_keeps_extra_columns(path: Path, tmp_path: Path):
     g = load_dnn_partitioning(path)
     g2 = OpGraph.from_parquet(g.to_parquet(tmp_path / "g.parquet"))
     assert g2.equals(g)
+    assert g2.meta == g.meta  # equals() compares meta only after str()-ing non-JSON values
     assert set(g2.extra_nodes) == {"cpu_latency", "acc_latency", "supported_on_acc", "color_class",
                                    "mem_bytes", "layer_id"}
     assert set(g2.extra_edges) == {"cost", "size_bytes"}

@@ -48,6 +48,15 @@ _TP_ROLES = ("", "col", "row", "shard")
 _PARQUET_META_KEY = b"archplace.opgraph"
 
 
+def _json_default(x: Any) -> Any:
+    """numpy scalars and arrays in ``meta`` travel as their Python values, not as strings."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
 def _column(values: Any, dtype: Any, n: int, name: str) -> np.ndarray:
     if values is None:
         if dtype is object:
@@ -114,8 +123,14 @@ class OpGraph:
         return cls(ncols, ecols, dict(meta or {}), xn, xe)
 
     def __post_init__(self) -> None:
+        self._check_ids()
         self._sort_edges()
         self.validate()
+
+    def _check_ids(self) -> None:
+        uniq, counts = np.unique(self.nodes["id"], return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"node {uniq[counts > 1][0]}: field 'id' is not unique")
 
     def _sort_edges(self) -> None:
         """Canonical edge order (by source then destination position) makes equality and hashing
@@ -157,10 +172,8 @@ class OpGraph:
         for k, v in self.extra_edges.items():
             if len(v) != self.num_edges:
                 raise ValueError(f"extra edge column {k!r} has {len(v)} rows, expected {self.num_edges}")
+        self._check_ids()
         ids = self.nodes["id"]
-        uniq, counts = np.unique(ids, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(f"node {uniq[counts > 1][0]}: field 'id' is not unique")
         for col in _SIZE_COLUMNS:
             a = self.nodes[col]
             bad = np.isnan(a) | (a < 0) if a.dtype.kind == "f" else a < 0
@@ -284,18 +297,19 @@ class OpGraph:
                 v = cols[k]
                 h.update("\x1f".join(map(str, v)).encode() if v.dtype == object else
                          np.ascontiguousarray(v).tobytes())
-        h.update(json.dumps(self.meta, sort_keys=True, default=str).encode())
+        h.update(json.dumps(self.meta, sort_keys=True, default=_json_default).encode())
         return h.hexdigest()
 
     def equals(self, other: OpGraph) -> bool:
         def same(a: dict, b: dict) -> bool:
             return a.keys() == b.keys() and all(
-                a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+                a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f")
+                for k in a)
         return (same(self.nodes, other.nodes) and same(self.edges, other.edges)
                 and same(self.extra_nodes, other.extra_nodes)
                 and same(self.extra_edges, other.extra_edges)
-                and json.loads(json.dumps(self.meta, default=str)) ==
-                json.loads(json.dumps(other.meta, default=str)))
+                and json.loads(json.dumps(self.meta, default=_json_default)) ==
+                json.loads(json.dumps(other.meta, default=_json_default)))
 
     def __repr__(self) -> str:
         return (f"OpGraph({self.meta.get('model', '?')}: {self.num_nodes} ops, "
@@ -322,7 +336,7 @@ class OpGraph:
         for k, v in self.extra_edges.items():
             cols[f"out_x_{k}"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(v))
         table = pa.table(cols)
-        meta = json.dumps({"meta": self.meta, "version": 1}, default=str)
+        meta = json.dumps({"meta": self.meta, "version": 1}, default=_json_default)
         return table.replace_schema_metadata({_PARQUET_META_KEY: meta.encode()})
 
     @classmethod

@@ -173,7 +173,8 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
         if not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
             raise ValueError(f"{field_name} must be a positive integer"
                              f"{' in ' + str(allowed) if allowed else ''}, got {value!r}")
-    max_pos = p.config.get("n_positions", p.config.get("max_position_embeddings"))
+    cfg = p.make_config()
+    max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
     if max_pos and seq > max_pos:
         raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
     if capture_blocks < 3:

@@ -110,15 +110,14 @@ def layered_dag(num_nodes: int, width: int, seed: int = 0, *, batch: int = 8, se
                 p_binary: float = 0.3, p_cat: float = 0.1, bytes_per_element: int = 2) -> OpGraph:
     """A layered random DAG of exactly ``num_nodes`` ops in levels of ``width`` (the last may be short).
 
-    Level 0 holds the sources (``linear`` or ``layernorm`` on an external ``[batch*seq, hidden]``
-    input; op 0 is always a ``linear``); every other op has 1 to ``max_in`` predecessors, one from the
-    previous level and the rest from the ``max_skip`` levels before that, preferring outputs nobody
-    consumes yet. Every activation
-    is ``[batch*seq, w]``: ``linear`` maps w to ``hidden`` or ``4*hidden``; ``matmul`` of two
-    activations is attention-like, ``X @ Y^T`` (equal widths, gives width ``seq``, GEMM
-    ``(batch, seq, seq, w)``) or ``P @ V`` (P of width ``seq``, GEMM ``(batch, seq, w_V, seq)``);
-    ``add``/``mul`` join equal widths, ``cat`` joins up to ``max_in`` inputs of total width
-    <= ``4*hidden``; the rest are unary vector ops. Level i is layer i (``"level{i}"``).
+    Level 0 holds the sources (``linear`` or ``layernorm`` on an external ``[batch*seq, hidden]`` input;
+    op 0 is always a ``linear``); every other op has 1 to ``max_in`` predecessors, one from the previous
+    level and the rest from the ``max_skip + 1`` levels before it, preferring outputs nobody consumes
+    yet. Every activation is ``[batch*seq, w]``: ``linear`` maps w to ``hidden`` or ``4*hidden``;
+    ``matmul`` of two activations is attention-like, ``X @ Y^T`` (equal widths, gives width ``seq``,
+    GEMM ``(batch, seq, seq, w)``) or ``P @ V`` (P of width ``seq``, GEMM ``(batch, seq, w_V, seq)``);
+    ``add``/``mul`` join equal widths, ``cat`` joins up to ``max_in`` inputs of total width <=
+    ``4*hidden``; the rest are unary vector ops. Level i is layer i (``"level{i}"``).
     """
     _positive(num_nodes=num_nodes, width=width, batch=batch, seq=seq, hidden=hidden, max_in=max_in)
     if max_skip < 0:
@@ -188,7 +187,7 @@ def layered_dag(num_nodes: int, width: int, seed: int = 0, *, batch: int = 8, se
             elif max_in >= 2 and r < p_binary + p_cat:
                 extra = int(rng.integers(1, max_in))
                 chosen, total = [p1], w1
-                for _ in range(extra):
+                for _k in range(extra):
                     fits = [c for c in earlier if c not in chosen and total + feat[c] <= 4 * hidden]
                     if not fits:
                         break
@@ -202,7 +201,7 @@ def layered_dag(num_nodes: int, width: int, seed: int = 0, *, batch: int = 8, se
             wts = 2 * w1 if kind == "layernorm" else 0
             add_op(kind, f"L{lvl}.{kind}{nid}", w1, [p1], weight_elems=wts)
     meta = {"model": f"layered_dag_n{num_nodes}_w{width}_s{seed}", "generator": "layered_dag",
-            "seed": int(seed), "batch": batch, "seq_len": seq, "hidden": hidden}
+            "seed": int(seed), "batch": int(batch), "seq_len": int(seq), "hidden": int(hidden)}
     return bld.build(meta)
 
 
@@ -317,7 +316,7 @@ def cnn_graph(num_blocks: int, seed: int = 0, *, batch: int = 32, image_size: in
     bld.op("linear", "head.fc", N * num_classes, [x], gemm=(1, N, num_classes, c),
            weight_elems=c * num_classes)
     meta = {"model": f"cnn_b{num_blocks}_s{seed}", "generator": "cnn_graph", "seed": int(seed),
-            "batch": batch, "image_size": image_size, "block_kinds": kinds}
+            "batch": int(batch), "image_size": int(image_size), "block_kinds": kinds}
     return bld.build(meta)
 
 
@@ -375,6 +374,6 @@ def rnn_graph(num_steps: int, hidden: int, seed: int = 0, *, batch: int = 64, in
         tc = bld.op("tanh", f"{pre}.tanh_c", B * H, [c_prev])
         h_prev = bld.op("mul", f"{pre}.h", B * H, [o_g, tc])
     meta = {"model": f"{cell}_t{num_steps}_h{hidden}_s{seed}", "generator": "rnn_graph", "seed": int(seed),
-            "cell": cell, "batch": batch, "hidden": hidden, "input_size": isz,
+            "cell": cell, "batch": int(batch), "hidden": int(hidden), "input_size": int(isz),
             "weights_shared_across_steps": True, "dropout_steps": [t for t, d in enumerate(dropped) if d]}
     return bld.build(meta)
