@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/ruff check archplace tests bench
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

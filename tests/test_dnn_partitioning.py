@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DNN_DATA
 
 from archplace.workloads.dnn_partitioning import ExpertSplit, load_dnn_partitioning, load_expert_split
 from archplace.workloads.graph import OpGraph
 
-DATA = Path("/work/shared/workloads/dnn-partitioning")
+DATA = DNN_DATA
 GRAPH_FILES = sorted((DATA / "throughput-inputs").glob("*/*.json"))
 EXPERT_FILES = sorted((DATA / "human-experts").glob("*.json"))
 

@@ -31,10 +31,12 @@ def test_valid_graph_builds_with_defaults():
 
 @pytest.mark.parametrize("over, match", [
     (dict(edges=dict(src=[0, 1, 2, 3], dst=[1, 2, 3, 1], bytes=[1, 1, 1, 1])), r"node \d+ .*cycle"),
-    (dict(edges=dict(src=[0, 1, 2], dst=[1, 2, 9], bytes=[1, 1, 1])), r"field 'dst' names node 9.*dangling"),
+    (dict(edges=dict(src=[0, 1, 2], dst=[1, 2, 9], bytes=[1, 1, 1])),
+     r"field 'dst' names node 9.*dangling"),
     (dict(nodes=dict(output_bytes=[64, -1, 256, 64])), r"node 1 .*field 'output_bytes' is -1"),
     (dict(nodes=dict(flops=[0, np.nan, 128, 1024])), r"node 1 .*field 'flops' is nan"),
-    (dict(nodes=dict(kind=["input", "linear", "frobnicate", "linear"])), r"node 2 .*field 'kind' is 'frobnicate'"),
+    (dict(nodes=dict(kind=["input", "linear", "frobnicate", "linear"])),
+     r"node 2 .*field 'kind' is 'frobnicate'"),
     (dict(nodes=dict(core=["none", "tensor", "gpu", "tensor"])), r"node 2 .*field 'core' is 'gpu'"),
     (dict(nodes=dict(layer=[0, 0, 1, 5])), r"node 3: field 'layer' is 5"),
     (dict(nodes=dict(id=[0, 1, 1, 3])), r"node 1: field 'id' is not unique"),

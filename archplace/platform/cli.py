@@ -103,9 +103,9 @@ def cmd_graph(args) -> dict[str, Any]:
 
 def print_graph(res: dict[str, Any]) -> None:
     print(f"{res['model']}  (seq {res['seq']}, microbatch {res['mbs']}, tmp {res['tmp']})")
-    print(f"  ops          {res['ops']:,} ({res['forward_ops']:,} forward, {res['backward_ops']:,} backward), "
-          f"{res['edges']:,} edges")
-    print(f"  ops by core  " + ", ".join(f"{k} {v}" for k, v in res["ops_by_core"].items()))
+    print(f"  ops          {res['ops']:,} ({res['forward_ops']:,} forward, "
+          f"{res['backward_ops']:,} backward), {res['edges']:,} edges")
+    print("  ops by core  " + ", ".join(f"{k} {v}" for k, v in res["ops_by_core"].items()))
     print(f"  layers       {res['layers']} ({res.get('unique_layers', '-')} unique)")
     print(f"  parameters   {res['parameters']:,} ({_fmt_bytes(res['weight_bytes'])})")
     print(f"  flops        forward {_fmt_flops(res['forward_flops'])}, "

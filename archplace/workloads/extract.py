@@ -50,7 +50,7 @@ _VIEW_OPS = {
     "narrow", "index_select", "_assert_tensor_metadata", "dim", "size",
 }
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
-                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "ones_like"}
+                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros"}
 
 # Megatron roles by the linear's module name (last path component, or last two for BERT's outputs)
 _COL = {"query", "key", "value", "q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "qkv",

@@ -7,8 +7,9 @@ Megatron GPT models use the GPT-2 architecture (Megatron-LM's GPT is GPT-2 with 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .backward import derive_backward
 from .extract import capture_ops, ops_to_graph

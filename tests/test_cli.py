@@ -1,0 +1,65 @@
+"""The command-line contract: summaries, --json, --out, one-line errors."""
+
+import json
+
+import pytest
+from conftest import DNN_DATA
+
+from archplace.platform.cli import main
+from archplace.workloads import OpGraph
+
+DNN = str(DNN_DATA / "throughput-inputs/LayerGraphs/bert24_inference.json")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_lists_every_preset(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    names = [m["name"] for m in json.loads(out)["models"]]
+    assert code == 0 and {"bert-large", "gpt3-175b", "llama2-7b", "t5-base"} <= set(names)
+    code, out, _ = run(capsys, "models")
+    assert "megatron-8.3b" in out and "GPT2LMHeadModel" in out
+
+
+def test_graph_json_fields_and_parquet(capsys, tmp_path):
+    path = tmp_path / "b.parquet"
+    code, out, _ = run(capsys, "graph", "bert-large", "--seq", "128", "--mbs", "2", "--tmp", "2",
+                       "--out", str(path), "--json")
+    res = json.loads(out)
+    assert code == 0
+    assert res["layers"] == 26 and res["tmp"] == 2 and res["mbs"] == 2
+    assert res["forward_flops"] > 0
+    assert res["backward_flops"] == pytest.approx(2 * res["forward_flops"], rel=0.02)
+    groups = {g["count"] for g in res["repeated_layer_groups"]}
+    assert 23 in groups  # blocks 0..22 repeat; block 23 also feeds the outputs
+    g = OpGraph.from_parquet(path)
+    assert g.num_nodes == res["ops"] and g.meta["tmp"] == 2
+    code, out, _ = run(capsys, "graph", str(path), "--json")
+    assert json.loads(out)["ops"] == res["ops"]
+
+
+def test_graph_human_summary(capsys):
+    code, out, _ = run(capsys, "graph", "bert-base", "--seq", "64")
+    assert code == 0 and "parameters   109,482,240" in out and "repeated" in out
+
+
+def test_graph_loads_dnn_partitioning_json(capsys):
+    code, out, _ = run(capsys, "graph", DNN, "--json")
+    res = json.loads(out)
+    assert code == 0 and res["source"] == "dnn-partitioning" and res["ops"] > 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["graph", "bert-huge"], "unknown model 'bert-huge'"),
+    (["graph", "bert-base", "--mbs", "0"], "mbs must be a positive integer"),
+    (["graph", "gpt2-xl", "--tmp", "2"], "not divisible by tmp width 2"),
+    (["graph", "missing.parquet"], "does not exist"),
+])
+def test_bad_input_is_one_line(capsys, argv, match):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert match in err and err.count("\n") == 1 and "Traceback" not in err
