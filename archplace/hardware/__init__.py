@@ -1,0 +1,5 @@
+"""Accelerator template, area model, search space and presets (plain Python, no Ray)."""
+
+from .accelerator import Accelerator
+
+__all__ = ["Accelerator"]

@@ -1,0 +1,194 @@
+"""Analytical operator latency on the Phaze template, vectorised over architectures.
+
+For every op and architecture it gives both latencies the layer ILP needs (spec phaze.md §3.1):
+``single`` (ℓ) on one core of the op's type, and ``all`` (ℓ̂) spread over every core of that type.
+
+Model, in cycles unless noted:
+- **GEMM** ``(b×m×k)·(b×k×n)`` on weight-stationary ``pe_x × pe_y`` systolic arrays: the weights are
+  cut into ``ceil(k/pe_x) · ceil(n/pe_y)`` tiles per batch; a tile streams its ``m`` rows through the
+  array after filling it (``max(m, pe_x) + pe_x + pe_y − 1`` cycles: the pe_x weight rows load while
+  the previous tile drains; fill and drain are not hidden). Tiles are shared out over the cores;
+  when there are fewer tiles than cores the rows ``m`` are split too. Partial tiles waste their idle
+  PEs (under-utilisation when dimensions do not divide).
+- **Vector op**: ``ceil(vector_flops / lanes)`` plus a pipeline fill, one flop per lane per cycle.
+- **Fused op**: the GEMM on tensor cores and its vector part on the paired vector cores, pipelined:
+  the slower of the two plus the vector pipeline fill.
+- **Data movement**: inputs and weights come from HBM into the GLB and outputs go back (spec §3.1);
+  when the GEMM's operands exceed the GLB, the activation operand is streamed again for each
+  half-GLB chunk of weights. Between GLB and cores the activation operand is read once per weight
+  column tile. The GLB feeds ``glb_bw`` words/cycle to all cores and ``16·max(pe_x, pe_y)`` to one.
+  Compute and data movement overlap (double-buffered tiles), so the op takes the longest of compute,
+  GLB traffic and HBM traffic, plus a fixed launch cost.
+- **AllReduce** (TMP): a ring over ``t`` devices, ``2(t−1)/t · bytes / link_bw`` on the network,
+  plus the element-wise sums on the vector cores.
+- shape-only ops cost nothing.
+
+Ops are deduplicated first (identical transformer blocks repeat the same few dozen ops), so the
+work is (architectures × unique ops) array arithmetic with no Python loop over either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..hardware import constants as C
+from ..hardware.accelerator import Accelerator
+from ..workloads.graph import OpGraph
+
+_CORE_CODE = {"none": 0, "tensor": 1, "vector": 2, "fused": 3, "comm": 4}
+
+
+@dataclass(frozen=True)
+class ArchArrays:
+    """Architectures as columns of shape (A, 1), ready to broadcast against ops of shape (1, U)."""
+
+    num_tc: np.ndarray
+    num_vc: np.ndarray
+    pe_x: np.ndarray
+    pe_y: np.ndarray
+    pe_vc: np.ndarray
+    glb_bytes: np.ndarray
+    glb_bw: np.ndarray  # words/cycle
+    hbm_bw: np.ndarray  # bytes/s
+    clock_hz: np.ndarray
+    bytes_per_element: np.ndarray
+
+    @classmethod
+    def from_accelerators(cls, accs: list[Accelerator]) -> ArchArrays:
+        if not accs:
+            raise ValueError("no architectures to estimate")
+
+        def col(f):
+            return np.array([getattr(a, f) for a in accs], dtype=np.float64)[:, None]
+        return cls(col("num_tc"), col("num_vc"), col("pe_x"), col("pe_y"), col("pe_vc"),
+                   col("glb_mb") * 2**20, col("glb_bw"), col("hbm_bw"), col("clock_hz"),
+                   col("bytes_per_element"))
+
+    @classmethod
+    def from_space(cls, space, hbm_bw: float = C.DEFAULT_HBM_BW_BYTES_PER_S,
+                   clock_hz: float = C.DEFAULT_CLOCK_HZ, bytes_per_element: int = 2) -> ArchArrays:
+        """All architectures of an ``ArchSpace`` without building an Accelerator each."""
+        from ..hardware.accelerator import core_grid
+
+        tc = space.num_tc.astype(np.float64)
+        side = np.array([core_grid(int(v))[0] for v in np.unique(space.num_tc)])
+        side_of = dict(zip(np.unique(space.num_tc).tolist(), side.tolist()))
+        sides = np.array([side_of[v] for v in space.num_tc.tolist()], dtype=np.float64)
+        glb_bw = np.minimum(C.GLB_BW_MAX_WORDS_PER_CYCLE,
+                            np.maximum(4, 16 * np.maximum(space.pe_x, space.pe_y) * sides))
+        n = len(tc)
+
+        def full(v):
+            return np.full((n, 1), float(v))
+        return cls(tc[:, None], space.num_vc.astype(np.float64)[:, None],
+                   space.pe_x.astype(np.float64)[:, None], space.pe_y.astype(np.float64)[:, None],
+                   space.pe_x.astype(np.float64)[:, None], (space.glb_mb * 2**20)[:, None],
+                   glb_bw[:, None].astype(np.float64), full(hbm_bw), full(clock_hz), full(bytes_per_element))
+
+    def __len__(self) -> int:
+        return self.num_tc.shape[0]
+
+
+@dataclass(frozen=True)
+class UniqueOps:
+    """Distinct ops of a graph (by core, GEMM shape, work and bytes) and the map back to rows."""
+
+    core: np.ndarray  # codes of _CORE_CODE, shape (U,)
+    b: np.ndarray
+    m: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    vector_flops: np.ndarray
+    hbm_bytes: np.ndarray  # bytes in + out + weights
+    inverse: np.ndarray  # graph row -> unique index, shape (N,)
+
+    @classmethod
+    def from_graph(cls, g: OpGraph) -> UniqueOps:
+        nd = g.nodes
+        core = np.array([_CORE_CODE.get(c, 0) for c in nd["core"]], dtype=np.float64)
+        moved = (nd["input_bytes"] + nd["output_bytes"] + nd["weight_bytes"]).astype(np.float64)
+        key = np.stack([core, nd["gemm_b"], nd["gemm_m"], nd["gemm_n"], nd["gemm_k"],
+                        nd["vector_flops"], moved], axis=1).astype(np.float64)
+        uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+        return cls(*(uniq[:, i] for i in range(7)), inverse=inverse.ravel())
+
+    def __len__(self) -> int:
+        return len(self.core)
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Latencies in seconds, shape (architectures, unique ops); ``inverse`` maps graph rows."""
+
+    single_s: np.ndarray
+    all_s: np.ndarray
+    inverse: np.ndarray
+
+    def for_arch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ℓ, ℓ̂) for every row of the graph on architecture ``i``."""
+        return self.single_s[i, self.inverse], self.all_s[i, self.inverse]
+
+    def total_sequential_s(self) -> np.ndarray:
+        """Sum of single-core latencies of all rows, per architecture (a sequential schedule)."""
+        counts = np.bincount(self.inverse, minlength=self.single_s.shape[1])
+        return self.single_s @ counts
+
+
+def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray:
+    b, m, n, k = (x[None, :] for x in (ops.b, ops.m, ops.n, ops.k))
+    tiles = b * np.ceil(k / a.pe_x) * np.ceil(n / a.pe_y)
+    per_core = np.ceil(tiles / cores)
+    split = np.maximum(1.0, np.floor(cores / np.maximum(tiles, 1.0)))
+    rows = np.ceil(m / split)
+    return per_core * (np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1)
+
+
+def _estimate(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int, all_cores: bool) -> np.ndarray:
+    one = np.ones_like(a.num_tc)
+    tc = a.num_tc if all_cores else one
+    vc = a.num_vc if all_cores else one
+    fc = np.minimum(a.num_tc, a.num_vc) if all_cores else one
+    core = ops.core[None, :]
+    is_t, is_v, is_f, is_c = core == 1, core == 2, core == 3, core == 4
+    is_gemm = is_t | is_f
+    bpe = a.bytes_per_element
+    # --- compute
+    gemm_cores = np.where(is_f, fc, tc)
+    gemm = np.where(is_gemm, _gemm_cycles(a, ops, gemm_cores), 0.0)
+    lanes = a.pe_vc * np.where(is_f, fc, vc)
+    vflops = ops.vector_flops[None, :]
+    vec = np.where(vflops > 0, np.ceil(vflops / lanes) + C.VECTOR_PIPELINE_CYCLES, 0.0)
+    compute = np.where(is_f, np.maximum(gemm, vec) + C.VECTOR_PIPELINE_CYCLES, gemm + vec)
+    # --- data movement
+    b, m, n, k = (x[None, :] for x in (ops.b, ops.m, ops.n, ops.k))
+    act, wt, out = b * m * k * bpe, b * k * n * bpe, b * m * n * bpe
+    operands = np.where(is_gemm, act + wt + out, 0.0)
+    compulsory = np.maximum(ops.hbm_bytes[None, :], operands)
+    spill = np.where(is_gemm & (operands > a.glb_bytes),
+                     act * (np.ceil(wt / (a.glb_bytes / 2)) - 1), 0.0)
+    hbm_s = (compulsory + spill) / a.hbm_bw
+    glb_words = np.where(is_gemm, (act * np.ceil(n / a.pe_y) + wt + out) / bpe, ops.hbm_bytes[None, :] / bpe)
+    port = a.glb_bw if all_cores else np.minimum(a.glb_bw, C.GLB_PORT_WORDS_PER_PE_EDGE *
+                                                 np.maximum(a.pe_x, a.pe_y))
+    glb = glb_words / port
+    busy = np.maximum(compute, glb) / a.clock_hz
+    lat = np.maximum(busy, hbm_s) + C.OP_LAUNCH_CYCLES / a.clock_hz
+    # --- AllReduce over the TMP group: ring on the network, sums on the vector cores
+    ring_s = 2.0 * (tmp - 1) / tmp * (ops.hbm_bytes[None, :] / 2) / link_bw  # hbm_bytes = in + out
+    comm = np.maximum(ring_s + vec / a.clock_hz, hbm_s) + C.OP_LAUNCH_CYCLES / a.clock_hz
+    lat = np.where(is_c, comm, lat)
+    return np.where(core == 0, 0.0, lat)
+
+
+def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
+                       link_bw: float = C.PHAZE_LINK_BW_BYTES_PER_S) -> LatencyTable:
+    """ℓ and ℓ̂ of every op of ``g`` on every architecture (seconds)."""
+    if not isinstance(archs, ArchArrays):
+        archs = ArchArrays.from_accelerators(list(archs))
+    ops = UniqueOps.from_graph(g)
+    tmp = int(g.meta.get("tmp", 1) or 1)
+    single = _estimate(archs, ops, link_bw, tmp, all_cores=False)
+    every = _estimate(archs, ops, link_bw, tmp, all_cores=True)
+    return LatencyTable(single, every, ops.inverse)
