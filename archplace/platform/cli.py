@@ -118,7 +118,66 @@ def print_graph(res: dict[str, Any]) -> None:
         print(f"  written      {res['out']}")
 
 
-COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph)}
+def load_accelerator(arch: str):
+    """A preset name or a JSON file of Accelerator fields."""
+    from archplace.hardware import Accelerator
+    from archplace.hardware.presets import preset_accelerator
+
+    if arch.endswith(".json"):
+        return Accelerator.from_json(arch)
+    return preset_accelerator(arch)
+
+
+def cmd_estimate(args) -> dict[str, Any]:
+    import numpy as np
+
+    from archplace.hardware.area import accelerator_area_mm2
+    from archplace.simulators.estimate import estimate_graph
+
+    acc = load_accelerator(args.arch)
+    g = load_graph(args.model, args.seq, args.mbs, args.tmp)
+    est = estimate_graph(g, acc, backend=args.backend)
+    nd = g.nodes
+    bwd = nd["is_backward"]
+    by_core = {c: float(est.single_s[nd["core"] == c].sum()) for c in np.unique(nd["core"])}
+    layers = g.meta.get("layers") or []
+    ops = [{"name": nd["name"][i], "kind": nd["kind"][i], "core": nd["core"][i],
+            "pass": "backward" if bwd[i] else "forward",
+            "layer": layers[nd["layer"][i]] if nd["layer"][i] >= 0 else None,
+            "flops": float(nd["flops"][i]), "single_core_s": float(est.single_s[i]),
+            "all_cores_s": float(est.all_s[i])} for i in range(g.num_nodes)]
+    return {"model": g.meta.get("model"), "seq": g.meta.get("seq"), "mbs": g.meta.get("mbs"),
+            "tmp": g.meta.get("tmp"), "backend": est.backend, "arch": acc.to_dict(),
+            "area_mm2": accelerator_area_mm2(acc), "peak_flops": acc.peak_flops,
+            "totals": {"sequential_single_core_s": float(est.single_s.sum()),
+                       "all_cores_s": float(est.all_s.sum()),
+                       "forward_s": float(est.single_s[~bwd].sum()),
+                       "backward_s": float(est.single_s[bwd].sum()),
+                       "by_core_single_s": by_core,
+                       "flops": float(nd["flops"].sum())},
+            "ops": ops}
+
+
+def print_estimate(res: dict[str, Any]) -> None:
+    t = res["totals"]
+    a = res["arch"]
+    print(f"{res['model']} on {a['name'] or 'custom'} {{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, "
+          f"{a['pe_y']}, {a['pe_vc']}}} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
+          f"{res['peak_flops'] / 1e12:.1f} TFLOP/s peak  [{res['backend']}]")
+    print(f"  every op in sequence on one core : {t['sequential_single_core_s'] * 1e3:10.3f} ms "
+          f"(forward {t['forward_s'] * 1e3:.3f}, backward {t['backward_s'] * 1e3:.3f})")
+    print(f"  every op on all cores of its type: {t['all_cores_s'] * 1e3:10.3f} ms")
+    print("  by core (one core): " + ", ".join(f"{k} {v * 1e3:.3f} ms"
+                                               for k, v in t["by_core_single_s"].items() if v))
+    top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
+    print(f"  {'slowest ops':58s} {'core':6s} {'1 core µs':>11s} {'all µs':>10s}")
+    for o in top:
+        print(f"  {o['name'][:58]:58s} {o['core']:6s} {o['single_core_s'] * 1e6:11.1f} "
+              f"{o['all_cores_s'] * 1e6:10.1f}")
+
+
+COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
+            "estimate": (cmd_estimate, print_estimate)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tmp", type=int, default=1, help="tensor-model-parallel width (one slice)")
     g.add_argument("--out", help="write the graph to this Parquet file")
     g.add_argument("--json", action="store_true")
+    e = sub.add_parser("estimate", help="per-op latency of a model on an accelerator")
+    e.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
+    e.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
+    e.add_argument("--backend", choices=["analytical", "zigzag"], default="analytical")
+    e.add_argument("--seq", type=int, default=None)
+    e.add_argument("--mbs", type=int, default=1)
+    e.add_argument("--tmp", type=int, default=1)
+    e.add_argument("--json", action="store_true")
     return p
 
 
@@ -144,10 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"archplace {args.command}: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(res, default=str))
-    else:
-        show(res)
+    try:
+        if args.json:
+            print(json.dumps(res, default=str))
+        else:
+            show(res)
+    except BrokenPipeError:  # `archplace ... | head`: the reader left, nothing is wrong
+        sys.stderr.close()
     return 0
 
 

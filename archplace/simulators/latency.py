@@ -145,18 +145,20 @@ def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray
     return per_core * (np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1)
 
 
-def _estimate(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int, all_cores: bool) -> np.ndarray:
+def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
+                       all_cores: bool) -> dict[str, np.ndarray]:
+    """The model's terms, each (A, U): ``gemm_cycles``, ``vector_cycles``, ``glb_cycles``,
+    ``hbm_s`` and ``latency_s`` (how they combine: module docstring)."""
     one = np.ones_like(a.num_tc)
     tc = a.num_tc if all_cores else one
     vc = a.num_vc if all_cores else one
     fc = np.minimum(a.num_tc, a.num_vc) if all_cores else one
     core = ops.core[None, :]
-    is_t, is_v, is_f, is_c = core == 1, core == 2, core == 3, core == 4
+    is_t, is_f, is_c = core == 1, core == 3, core == 4
     is_gemm = is_t | is_f
     bpe = a.bytes_per_element
     # --- compute
-    gemm_cores = np.where(is_f, fc, tc)
-    gemm = np.where(is_gemm, _gemm_cycles(a, ops, gemm_cores), 0.0)
+    gemm = np.where(is_gemm, _gemm_cycles(a, ops, np.where(is_f, fc, tc)), 0.0)
     lanes = a.pe_vc * np.where(is_f, fc, vc)
     vflops = ops.vector_flops[None, :]
     vec = np.where(vflops > 0, np.ceil(vflops / lanes) + C.VECTOR_PIPELINE_CYCLES, 0.0)
@@ -173,13 +175,14 @@ def _estimate(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int, all_cores
     port = a.glb_bw if all_cores else np.minimum(a.glb_bw, C.GLB_PORT_WORDS_PER_PE_EDGE *
                                                  np.maximum(a.pe_x, a.pe_y))
     glb = glb_words / port
-    busy = np.maximum(compute, glb) / a.clock_hz
-    lat = np.maximum(busy, hbm_s) + C.OP_LAUNCH_CYCLES / a.clock_hz
+    launch = C.OP_LAUNCH_CYCLES / a.clock_hz
+    lat = np.maximum(np.maximum(compute, glb) / a.clock_hz, hbm_s) + launch
     # --- AllReduce over the TMP group: ring on the network, sums on the vector cores
     ring_s = 2.0 * (tmp - 1) / tmp * (ops.hbm_bytes[None, :] / 2) / link_bw  # hbm_bytes = in + out
-    comm = np.maximum(ring_s + vec / a.clock_hz, hbm_s) + C.OP_LAUNCH_CYCLES / a.clock_hz
-    lat = np.where(is_c, comm, lat)
-    return np.where(core == 0, 0.0, lat)
+    lat = np.where(is_c, np.maximum(ring_s + vec / a.clock_hz, hbm_s) + launch, lat)
+    lat = np.where(core == 0, 0.0, lat)
+    return {"gemm_cycles": gemm, "vector_cycles": vec, "glb_cycles": glb, "hbm_s": hbm_s,
+            "latency_s": lat}
 
 
 def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
@@ -189,6 +192,6 @@ def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
         archs = ArchArrays.from_accelerators(list(archs))
     ops = UniqueOps.from_graph(g)
     tmp = int(g.meta.get("tmp", 1) or 1)
-    single = _estimate(archs, ops, link_bw, tmp, all_cores=False)
-    every = _estimate(archs, ops, link_bw, tmp, all_cores=True)
+    single = latency_components(archs, ops, link_bw, tmp, all_cores=False)["latency_s"]
+    every = latency_components(archs, ops, link_bw, tmp, all_cores=True)["latency_s"]
     return LatencyTable(single, every, ops.inverse)
