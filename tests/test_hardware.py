@@ -10,8 +10,7 @@ from archplace.hardware import Accelerator
 from archplace.hardware import constants as C
 from archplace.hardware.accelerator import glb_bw_words, l2_tc_kb, l2_vc_kb
 from archplace.hardware.area import accelerator_area_mm2, area_breakdown_mm2, area_mm2
-from archplace.hardware.presets import (TPUV4, mcm_package, preset_accelerator, preset_cluster,
-                                        v100_cluster)
+from archplace.hardware.presets import TPUV4, mcm_package, preset_accelerator, preset_cluster, v100_cluster
 from archplace.hardware.space import enumerate_space, load_space_config
 
 

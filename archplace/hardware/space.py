@@ -116,7 +116,8 @@ def _enumerate_cached(path: str | None) -> ArchSpace:
     if not 0.0 <= frac <= 1.0:
         raise ValueError(f"constraints.area_min_fraction must be in [0, 1], got {frac}")
     lower = frac * amax
-    exempt = (tc == 1) | (vc == 1) if cons.get("area_min_exempt_single_core", False) else np.zeros_like(tc, bool)
+    exempt = ((tc == 1) | (vc == 1) if cons.get("area_min_exempt_single_core", False)
+              else np.zeros_like(tc, bool))
     ok = (area <= amax * (1 + 1e-12)) & ((area >= lower) | exempt)
     # decreasing area; ties broken by the compute tuple so the order is deterministic
     idx = np.flatnonzero(ok)
