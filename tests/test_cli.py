@@ -63,3 +63,29 @@ def test_bad_input_is_one_line(capsys, argv, match):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     assert match in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_estimate_json_totals_are_consistent(capsys, tmp_path):
+    code, out, _ = run(capsys, "estimate", "bert-base", "--arch", "tpuv4", "--seq", "128", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["backend"] == "analytical" and res["arch"]["num_tc"] == 8
+    single = sum(o["single_core_s"] for o in res["ops"])
+    assert res["totals"]["sequential_single_core_s"] == pytest.approx(single)
+    assert res["totals"]["all_cores_s"] < single
+    assert len(res["ops"]) == json.loads(run(capsys, "graph", "bert-base", "--seq", "128", "--json")[1])["ops"]
+    arch = tmp_path / "a.json"
+    arch.write_text(json.dumps({"num_tc": 1, "num_vc": 1024, "pe_x": 256, "pe_y": 256, "glb_mb": 8}))
+    code, out, _ = run(capsys, "estimate", "bert-base", "--arch", str(arch), "--seq", "128")
+    assert code == 0 and "{1, 1024, 256, 256, 256} glb 8 MB" in out
+
+
+@pytest.mark.parametrize("arch, match", [
+    ('{"num_tc": 3, "num_vc": 2, "pe_x": 8, "pe_y": 8, "glb_mb": 8}', "'num_tc' must be a power of two"),
+    ('{"num_vc": 2, "pe_x": 8, "pe_y": 8, "glb_mb": 8}', "field 'num_tc' is missing"),
+    ('{"num_tc": 1, "num_vc": 2, "pe_x": 8, "pe_y": 8, "glb_mb": 8, "hbm": 3}', "unknown accelerator field"),
+])
+def test_estimate_bad_architecture_files(capsys, tmp_path, arch, match):
+    path = tmp_path / "a.json"
+    path.write_text(arch)
+    code, out, err = run(capsys, "estimate", "bert-base", "--arch", str(path))
+    assert code == 2 and match in err and err.count("\n") == 1
