@@ -40,7 +40,8 @@ def main() -> int:
     t_space = time.perf_counter() - t
     rows = []
     print(f"{args.model}: {len(space):,} feasible architectures (enumerated in {t_space:.2f} s)")
-    print(f"{'tmp':>3s} {'mbs':>3s} {'ops':>7s} {'unique':>6s} {'pairs':>13s} {'build s':>8s} {'estimate s':>10s}")
+    print(f"{'tmp':>3s} {'mbs':>3s} {'ops':>7s} {'unique':>6s} {'pairs':>13s} {'build s':>8s} "
+          f"{'estimate s':>10s}")
     for tmp in preset(args.model).tmp_widths:
         for mbs in args.mbs:
             t = time.perf_counter()

@@ -36,21 +36,23 @@ def test_gemm_closed_form_on_one_core():
     g = one_op("tensor", b=1, m=1024, n=64, k=32, in_b=1024 * 32 * 2, out_b=1024 * 64 * 2)
     single, _ = lat(g, acc)
     tiles = (32 // 16) * (64 // 16)
-    assert single == pytest.approx(tiles * (1024 + 16 + 16 - 1) + LAUNCH)
+    assert single == pytest.approx(tiles * 1024 + (16 + 16 - 1) + LAUNCH)
 
 
 def test_partial_tiles_are_underutilised():
     acc = Accelerator(1, 1, 128, 128, 128, 128, hbm_bw=1e15)
     full = lat(one_op("tensor", b=1, m=4096, n=128, k=128), acc)[0]
     over = lat(one_op("tensor", b=1, m=4096, n=129, k=128), acc)[0]
-    assert over - LAUNCH == pytest.approx(2 * (full - LAUNCH))  # one extra column costs a whole tile
+    fill = 128 + 128 - 1
+    assert over - LAUNCH - fill == pytest.approx(2 * (full - LAUNCH - fill))  # an extra column: a whole tile
 
 
 def test_all_cores_split_tiles_then_rows():
     acc = Accelerator(8, 8, 32, 32, 32, 128, hbm_bw=1e15)
     g = one_op("tensor", b=1, m=2048, n=256, k=256)  # 64 tiles over 8 cores
     single, every = lat(g, acc)
-    assert (single - LAUNCH) == pytest.approx(8 * (every - LAUNCH))
+    fill = 32 + 32 - 1
+    assert (single - LAUNCH - fill) == pytest.approx(8 * (every - LAUNCH - fill))
     g = one_op("tensor", b=1, m=2048, n=32, k=32)  # one tile: rows split 8 ways
     single, every = lat(g, acc)
     assert every - LAUNCH == pytest.approx(2048 / 8 + 32 + 32 - 1)
@@ -64,7 +66,7 @@ def test_vector_and_fused_ops():
     # fused: GEMM and its vector part pipelined on min(num_tc, num_vc) = 2 pairs
     g = one_op("fused", b=1, m=512, n=64, k=64, vflops=512 * 64)
     single, every = lat(g, acc)
-    gemm1 = 1 * (512 + 64 + 64 - 1)
+    gemm1 = 512 + (64 + 64 - 1)
     vec1 = 512 * 64 / 64 + C.VECTOR_PIPELINE_CYCLES
     assert single == pytest.approx(max(gemm1, vec1) + C.VECTOR_PIPELINE_CYCLES + LAUNCH)
 

@@ -4,12 +4,13 @@ For every op and architecture it gives both latencies the layer ILP needs (spec 
 ``single`` (ℓ) on one core of the op's type, and ``all`` (ℓ̂) spread over every core of that type.
 
 Model, in cycles unless noted:
-- **GEMM** ``(b×m×k)·(b×k×n)`` on weight-stationary ``pe_x × pe_y`` systolic arrays: the weights are
-  cut into ``ceil(k/pe_x) · ceil(n/pe_y)`` tiles per batch; a tile streams its ``m`` rows through the
-  array after filling it (``max(m, pe_x) + pe_x + pe_y − 1`` cycles: the pe_x weight rows load while
-  the previous tile drains; fill and drain are not hidden). Tiles are shared out over the cores;
-  when there are fewer tiles than cores the rows ``m`` are split too. Partial tiles waste their idle
-  PEs (under-utilisation when dimensions do not divide).
+- **GEMM** ``(b×m×k)·(b×k×n)`` on weight-stationary ``pe_x × pe_y`` systolic arrays (TPU-style):
+  the weights are cut into ``ceil(k/pe_x) · ceil(n/pe_y)`` tiles per batch; a tile streams its ``m``
+  rows through the array. Weights are double-buffered, so the next tile's ``pe_x`` weight rows load
+  while the current tile streams and tiles follow each other back to back: ``max(m, pe_x)`` cycles
+  a tile, plus one pipeline fill and drain (``pe_x + pe_y − 1``) per op. Tiles are shared out over
+  the cores; when there are fewer tiles than cores the rows ``m`` are split too. Partial tiles waste
+  their idle PEs (under-utilisation when dimensions do not divide).
 - **Vector op**: ``ceil(vector_flops / lanes)`` plus a pipeline fill, one flop per lane per cycle.
 - **Fused op**: the GEMM on tensor cores and its vector part on the paired vector cores, pipelined:
   the slower of the two plus the vector pipeline fill.
@@ -142,7 +143,7 @@ def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray
     per_core = np.ceil(tiles / cores)
     split = np.maximum(1.0, np.floor(cores / np.maximum(tiles, 1.0)))
     rows = np.ceil(m / split)
-    return per_core * (np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1)
+    return per_core * np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1
 
 
 def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
