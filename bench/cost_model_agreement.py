@@ -67,23 +67,10 @@ def _zigzag(task):
         return float("nan"), time.perf_counter() - t, f"{type(e).__name__}: {e}"
 
 
-def analytical_gemm_latency_s(acc, dims, all_cores: bool) -> float:
-    """The analytical model's latency of a standalone GEMM, launch cost excluded (ZigZag has none)."""
-    from archplace.hardware import constants as C
-    from archplace.simulators.latency import ArchArrays, UniqueOps, latency_components
-
-    b, m, n, k = dims
-    bpe = acc.bytes_per_element
-    moved = float((b * m * k + k * n * (b if b > 1 else 1) + b * m * n) * bpe)
-    ops = UniqueOps(core=np.array([1.0]), b=np.array([float(b)]), m=np.array([float(m)]),
-                    n=np.array([float(n)]), k=np.array([float(k)]), vector_flops=np.zeros(1),
-                    hbm_bytes=np.array([moved]), inverse=np.zeros(1, dtype=np.int64))
-    comp = latency_components(ArchArrays.from_accelerators([acc]), ops, 1.0, 1, all_cores)
-    return float(comp["latency_s"][0, 0]) - C.OP_LAUNCH_CYCLES / acc.clock_hz
-
-
 def compare(models=MODELS, num_archs=32, workers=2, all_cores=False, max_gemms=None, seed=0):
     from scipy.stats import spearmanr
+
+    from archplace.simulators.latency import standalone_gemm_latency_s
 
     archs = spread_architectures(num_archs, seed)
     shapes = {m: gemm_shapes(m) for m in models}
@@ -104,7 +91,7 @@ def compare(models=MODELS, num_archs=32, workers=2, all_cores=False, max_gemms=N
     for (a, model, dims, ac), (zz, secs, err) in zip(meta, results):
         rows.append({"arch": a.label(), "num_tc": a.num_tc, "pe_x": a.pe_x, "pe_y": a.pe_y,
                      "glb_mb": a.glb_mb, "model": model, "gemm": list(dims), "all_cores": ac,
-                     "analytical_s": analytical_gemm_latency_s(a, dims, ac), "zigzag_s": zz,
+                     "analytical_s": standalone_gemm_latency_s(a, dims, ac, launch=False), "zigzag_s": zz,
                      "zigzag_run_s": secs, "error": err})
     ok = [r for r in rows if r["error"] is None and r["zigzag_s"] > 0]
     an = np.array([r["analytical_s"] for r in ok])

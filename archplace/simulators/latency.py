@@ -196,3 +196,16 @@ def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
     single = latency_components(archs, ops, link_bw, tmp, all_cores=False)["latency_s"]
     every = latency_components(archs, ops, link_bw, tmp, all_cores=True)["latency_s"]
     return LatencyTable(single, every, ops.inverse)
+
+
+def standalone_gemm_latency_s(acc: Accelerator, dims: tuple[int, int, int, int], all_cores: bool = False,
+                              launch: bool = True) -> float:
+    """Latency of one GEMM ``(b, m, n, k)`` with its operands in HBM (a linear's weight is shared by
+    the batch when ``b == 1``); ``launch=False`` leaves out the fixed launch cost."""
+    b, m, n, k = dims
+    moved = float((b * m * k + b * k * n + b * m * n) * acc.bytes_per_element)
+    ops = UniqueOps(core=np.array([1.0]), b=np.array([float(b)]), m=np.array([float(m)]),
+                    n=np.array([float(n)]), k=np.array([float(k)]), vector_flops=np.zeros(1),
+                    hbm_bytes=np.array([moved]), inverse=np.zeros(1, dtype=np.int64))
+    lat = latency_components(ArchArrays.from_accelerators([acc]), ops, 1.0, 1, all_cores)["latency_s"]
+    return float(lat[0, 0]) - (0.0 if launch else C.OP_LAUNCH_CYCLES / acc.clock_hz)

@@ -1,0 +1,53 @@
+"""The analytical model against ZigZag on a small subset of the benchmark's GEMMs and
+architectures (bench/cost_model_agreement.py runs the full set)."""
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from archplace.hardware import Accelerator
+from archplace.hardware import constants as C
+from archplace.simulators.estimate import estimate_graph
+from archplace.simulators.latency import standalone_gemm_latency_s
+from archplace.simulators.zigzag_backend import zigzag_gemm_latency_s
+from archplace.workloads import OpGraph
+
+# one or two shapes per model family: BERT-large projections and attention, GPT-2 XL MLP
+GEMMS = [(1, 512, 1024, 1024), (16, 512, 512, 64), (1, 1024, 6400, 1600), (1, 512, 4096, 1024)]
+ARCHS = [Accelerator(8, 2, 128, 128, 128, 128), Accelerator(4, 1024, 256, 64, 256, 8),
+         Accelerator(16, 128, 32, 64, 32, 16), Accelerator(64, 8, 16, 16, 16, 4)]
+
+
+@pytest.fixture(autouse=True)
+def zigzag_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARCHPLACE_ZIGZAG_CACHE", str(tmp_path / "zz"))
+
+
+def test_rank_and_scale_agree_on_a_subset():
+    an, zz = [], []
+    for acc in ARCHS:
+        for dims in GEMMS:
+            an.append(standalone_gemm_latency_s(acc, dims, launch=False))
+            zz.append(zigzag_gemm_latency_s(acc, *dims))
+    an, zz = np.array(an), np.array(zz)
+    assert spearmanr(an, zz).statistic >= 0.9
+    assert 0.5 <= np.median(an / zz) <= 2.0
+    assert (an / zz > 0.25).all() and (an / zz < 4).all()
+
+
+def test_zigzag_backend_in_a_graph_estimate():
+    """The zigzag backend replaces the GEMM time only; the HBM floor and non-GEMM ops stay."""
+    g = OpGraph.from_columns(dict(
+        id=[0, 1], kind=["matmul", "gelu"], core=["tensor", "vector"], gemm_b=[1, 0],
+        gemm_m=[512, 0], gemm_n=[1024, 0], gemm_k=[1024, 0], flops=[2.0 * 512 * 1024 * 1024, 5e5],
+        vector_flops=[0, 5e5], input_bytes=[2 ** 20, 2 ** 20], output_bytes=[2 ** 20, 2 ** 20],
+        weight_bytes=[2 ** 21, 0]), dict(src=[0], dst=[1], bytes=[2 ** 20]))
+    acc = ARCHS[0]
+    ana = estimate_graph(g, acc)
+    zzb = estimate_graph(g, acc, backend="zigzag")
+    assert zzb.single_s[1] == ana.single_s[1] and zzb.all_s[1] == ana.all_s[1]
+    z1 = zigzag_gemm_latency_s(acc, 1, 512, 1024, 1024)
+    floor = 4 * 2 ** 20 / acc.hbm_bw
+    assert zzb.single_s[0] == pytest.approx(max(z1, floor) + C.OP_LAUNCH_CYCLES / acc.clock_hz)
+    assert 0.5 <= zzb.single_s[0] / ana.single_s[0] <= 2
+    assert zzb.all_s[0] < zzb.single_s[0]
