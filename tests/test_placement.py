@@ -6,8 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from archplace.algorithms.solvers.placement import (PlacementLayers, TrainingSetup, best_placement,
-                                                    downsets, place, stage_cost)
+from archplace.algorithms.solvers.placement import (
+    PlacementLayers,
+    TrainingSetup,
+    best_placement,
+    downsets,
+    place,
+    stage_cost,
+)
 
 
 def random_layers(rng, L, t, skip=True, tp_prob=0.7):
@@ -140,11 +146,13 @@ def test_memory_decides_recompute_and_infeasibility():
     L = 4
     ly = PlacementLayers(1, np.ones(L), 2 * np.ones(L), np.full(L, 1e9), np.zeros(L), np.full(L, 4e9),
                          np.ones(L, bool), np.arange(L - 1), np.arange(1, L), np.full(L - 1, 1e8))
-    # a 4-stage pipeline: the first stage holds 3 stashed microbatches: 2+4 + 3·4 = 18 GB stashing
+    # a 4-stage pipeline: with stashing the first stage keeps 3 more microbatches: 2+4 + 3·4 = 18 GB
     stash = place(ly, TrainingSetup(4, 16, 1, 10e9, False, 4e9), fixed=(4, 1))
     rec = place(ly, TrainingSetup(4, 16, 1, 10e9, True, 4e9), fixed=(4, 1))
     assert not stash.feasible and rec.feasible
-    assert rec.stages[0].memory_bytes == pytest.approx(2e9 + 4e9 + 3 * 1e8)
+    # recompute stashes only a stage's input: none for the first, 2 microbatches of 0.1 GB for the second
+    assert rec.stages[0].memory_bytes == pytest.approx(2e9 + 4e9)
+    assert rec.stages[1].memory_bytes == pytest.approx(2e9 + 4e9 + 2 * 1e8)
     nothing = place(ly, TrainingSetup(4, 16, 1, 5e9, True, 4e9))
     assert not nothing.feasible and "smallest stage needs 5.59 GiB" in nothing.reason
 
