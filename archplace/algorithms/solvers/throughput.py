@@ -1,0 +1,140 @@
+"""Throughput(model, architecture): operator estimates → layer-schedule ILP per unique layer slice →
+placement DP over TMP widths, microbatches, HBM sizes and recomputation (spec phaze.md §1.2).
+
+Everything here is plain Python (no Ray); the platform wraps it into actors and Tune trials.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...hardware.accelerator import Accelerator
+from ...hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
+from ...simulators.estimate import estimate_graph
+from ...workloads.graph import OpGraph
+from ...workloads.layers import layer_graph
+from .placement import Placement, PlacementLayers, TrainingSetup, best_placement
+
+
+def layer_times_sequential(g: OpGraph, all_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Phaze's sequential baseline: every op intra-op parallel, one after another (Σℓ̂ per layer)."""
+    L = len(g.meta["layers"])
+    layer, bwd = g.nodes["layer"], g.nodes["is_backward"]
+    fw = np.bincount(layer[~bwd], weights=all_s[~bwd], minlength=L)
+    bw = np.bincount(layer[bwd], weights=all_s[bwd], minlength=L)
+    return fw, bw
+
+
+def layer_times_ilp(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator,
+                    **solve_kw: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Per-layer forward and backward makespans from the layer-schedule ILP; each distinct layer
+    slice is solved once."""
+    from .layer_ilp import schedule_layers
+
+    res = schedule_layers(g, single_s, all_s, acc.num_tc, acc.num_vc, **solve_kw)
+    return np.asarray(res["forward_s"]), np.asarray(res["backward_s"]), res
+
+
+def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
+                     sequential: bool = False, optimizer: str = "sgd",
+                     **solve_kw: Any) -> PlacementLayers:
+    """The DP's input for one graph (one TMP width and microbatch)."""
+    if sequential:
+        fw, bw = layer_times_sequential(g, all_s)
+    else:
+        if acc is None:
+            raise ValueError("the layer ILP needs the accelerator (its core counts)")
+        fw, bw, _ = layer_times_ilp(g, single_s, all_s, acc, **solve_kw)
+    lg = layer_graph(g, optimizer=optimizer)
+    L = lg.num_layers
+    tp = np.zeros(L, bool)
+    sliced = g.nodes["tp_role"] != ""
+    tp[np.unique(g.nodes["layer"][sliced])] = True
+    return PlacementLayers(int(g.meta.get("tmp", 1) or 1), fw, bw, lg.param_bytes, lg.optimizer_bytes,
+                           lg.activation_bytes, tp, lg.edge_src, lg.edge_dst, lg.edge_bytes, lg.names)
+
+
+@dataclass
+class ThroughputResult:
+    model: str
+    accelerator: Accelerator
+    best: Placement
+    configs: list[dict[str, Any]] = field(default_factory=list)  # one row per (mbs, HBM, recompute)
+    timing_s: dict[str, float] = field(default_factory=dict)  # estimate / ilp / dp
+    ilp_stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return self.best.throughput if self.best.feasible else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"model": self.model, "arch": self.accelerator.to_dict(), "throughput": self.throughput,
+                "placement": self.best.summary(), "timing_s": self.timing_s, "ilp": self.ilp_stats,
+                "configs": self.configs}
+
+
+def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
+                     microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
+                     tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
+                     sequential: bool = False, fixed: tuple[int, int, int] | None = None,
+                     seq: int | None = None, **solve_kw: Any) -> ThroughputResult:
+    """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
+
+    ``fixed = (p, d, t)`` evaluates one strategy (an expert placement); ``sequential`` replaces the
+    ILP with the all-ops-intra-parallel schedule (the paper's ablation baseline).
+    """
+    from ...workloads.models import build_graph, preset
+
+    widths = tuple(tmp_widths or preset(model).tmp_widths)
+    if fixed is not None:
+        widths = (fixed[2],)
+    timing = {"estimate_s": 0.0, "ilp_s": 0.0, "dp_s": 0.0, "graph_s": 0.0}
+    stats: dict[str, Any] = {"unique_solved": 0, "cache_hits": 0}
+    by_mbs: dict[int, dict[int, PlacementLayers]] = {}
+    for mbs in microbatches:
+        if global_batch % mbs:
+            continue
+        for t in widths:
+            if t > num_devices:
+                continue
+            t0 = time.perf_counter()
+            g = build_graph(model, seq=seq, mbs=mbs, tmp=t)
+            t1 = time.perf_counter()
+            est = estimate_graph(g, acc, link_bw=link_bw)
+            t2 = time.perf_counter()
+            if sequential:
+                fw, bw = layer_times_sequential(g, est.all_s)
+            else:
+                fw, bw, info = layer_times_ilp(g, est.single_s, est.all_s, acc, **solve_kw)
+                for k in ("unique_solved", "cache_hits"):
+                    stats[k] += int(info.get(k, 0))
+            t3 = time.perf_counter()
+            base = placement_layers(g, est.single_s, est.all_s, sequential=True, optimizer=optimizer)
+            by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
+                base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
+                base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
+            timing["graph_s"] += t1 - t0
+            timing["estimate_s"] += t2 - t1
+            timing["ilp_s"] += t3 - t2
+    best: Placement | None = None
+    rows = []
+    t0 = time.perf_counter()
+    for mbs, layers in by_mbs.items():
+        for hbm in hbm_gb:
+            for rec in recompute:
+                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw)
+                res = best_placement(layers, setup, fixed)
+                rows.append({"microbatch": mbs, "hbm_gb": hbm, "recompute": rec, "feasible": res.feasible,
+                             "throughput": res.throughput if res.feasible else 0.0,
+                             "p": res.p, "d": res.d, "t": res.t})
+                if best is None or (res.feasible and (not best.feasible
+                                                      or res.throughput > best.throughput)):
+                    best = res
+    timing["dp_s"] = time.perf_counter() - t0
+    if best is None:
+        best = Placement(False, reason="no microbatch size divides the global batch")
+    return ThroughputResult(model, acc, best, rows, timing, stats)
