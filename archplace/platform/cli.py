@@ -176,8 +176,81 @@ def print_estimate(res: dict[str, Any]) -> None:
               f"{o['all_cores_s'] * 1e6:10.1f}")
 
 
+def _parse_fixed(text: str | None) -> tuple[int, int, int] | None:
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--fixed must be p,d,t with three positive integers, got {text!r}")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def cmd_place(args) -> dict[str, Any]:
+    from archplace.algorithms.solvers.throughput import model_throughput
+    from archplace.hardware.area import accelerator_area_mm2
+
+    acc = load_accelerator(args.arch)
+    fixed = _parse_fixed(args.fixed)
+    for name, v in (("--accelerators", args.accelerators), ("--global-batch", args.global_batch)):
+        if v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v}")
+    if fixed and fixed[0] * fixed[1] * fixed[2] > args.accelerators:
+        raise ValueError(f"--fixed {args.fixed} needs {fixed[0] * fixed[1] * fixed[2]} accelerators, "
+                         f"more than --accelerators {args.accelerators}")
+    hbm = (args.hbm,) if args.hbm else (32, 64, 80)
+    solve_kw = {} if args.sequential else {"time_limit_s": args.ilp_time_limit}
+    res = model_throughput(args.model, acc, args.accelerators, args.global_batch, hbm_gb=hbm,
+                           sequential=args.sequential, fixed=fixed, seq=args.seq, **solve_kw)
+    out = res.summary()
+    out["area_mm2"] = accelerator_area_mm2(acc)
+    out["accelerators"] = args.accelerators
+    out["global_batch"] = args.global_batch
+    out["schedule"] = "sequential" if args.sequential else "ilp"
+    return out
+
+
+def print_place(res: dict[str, Any]) -> None:
+    pl = res["placement"]
+    a = res["arch"]
+    print(f"{res['model']} on {res['accelerators']} × {a['name'] or 'custom'} "
+          f"{{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, {a['pe_y']}, {a['pe_vc']}}}, global batch "
+          f"{res['global_batch']} [{res['schedule']} layer schedules]")
+    if not pl["feasible"]:
+        print(f"  infeasible: {pl.get('reason', '')}")
+        return
+    print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
+    print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
+          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GB")
+    for i, st in enumerate(pl["stages"]):
+        print(f"  stage {i:3d}    layers {st['first']}..{st['last']} ({' … '.join(st['layers'])}) on "
+              f"{st['devices']} device(s), load {st['load_s'] * 1e3:.2f} ms, "
+              f"memory {st['memory_bytes'] / 2**30:.2f} GiB")
+    t = res["timing_s"]
+    print(f"  time         estimate {t['estimate_s']:.2f} s, ILP {t['ilp_s']:.2f} s, DP {t['dp_s']:.2f} s")
+
+
+def cmd_solve_dp(args) -> dict[str, Any]:
+    from archplace.algorithms.solvers.maxload import solve_dp_command
+
+    if not Path(args.file).exists():
+        raise ValueError(f"input file {args.file!r} does not exist")
+    return solve_dp_command(args.file, args.method, args.time_limit)
+
+
+def print_solve_dp(res: dict[str, Any]) -> None:
+    print(f"{res['file']}: max-load {res['max_load']:.10g} ({res['status']}, method {res['method']}, "
+          f"{res['solve_time_s']:.2f} s)")
+    if res.get("reference") is not None:
+        print(f"  reference optimum {res['reference']:.10g}, relative difference {res['relative_diff']:.2e}")
+    if res.get("gap"):
+        print(f"  lower bound {res['lower_bound']:.10g}, gap {res['gap']:.2%}")
+    for dev in res.get("devices", []):
+        print(f"  {dev['device']:8s} load {dev['load']:.6g}  nodes {dev['nodes']}")
+
+
 COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
-            "estimate": (cmd_estimate, print_estimate)}
+            "estimate": (cmd_estimate, print_estimate), "place": (cmd_place, print_place),
+            "solve-dp": (cmd_solve_dp, print_solve_dp)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mbs", type=int, default=1)
     e.add_argument("--tmp", type=int, default=1)
     e.add_argument("--json", action="store_true")
+    pl = sub.add_parser("place", help="best placement of a model on K copies of an accelerator")
+    pl.add_argument("model")
+    pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
+    pl.add_argument("--accelerators", type=int, default=1024)
+    pl.add_argument("--global-batch", type=int, default=4096)
+    pl.add_argument("--fixed", help="evaluate one strategy p,d,t (e.g. an expert placement)")
+    pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
+    pl.add_argument("--seq", type=int, default=None)
+    pl.add_argument("--sequential", action="store_true",
+                    help="layer schedules without the ILP: every op intra-op parallel in sequence")
+    pl.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds per layer ILP")
+    pl.add_argument("--json", action="store_true")
+    sd = sub.add_parser("solve-dp", help="optimal max-load split of a dnn-partitioning input")
+    sd.add_argument("file")
+    sd.add_argument("--method", default="auto", choices=["auto", "dp", "milp"])
+    sd.add_argument("--time-limit", type=float, default=600.0)
+    sd.add_argument("--json", action="store_true")
     return p
 
 
