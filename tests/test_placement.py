@@ -11,6 +11,7 @@ from archplace.algorithms.solvers.placement import (
     TrainingSetup,
     best_placement,
     downsets,
+    expert_placement,
     place,
     stage_cost,
 )
@@ -181,3 +182,26 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="earlier to a later layer"):
         PlacementLayers(1, np.ones(2), np.ones(2), np.ones(2), np.ones(2), np.ones(2), np.ones(2, bool),
                         np.array([1]), np.array([0]), np.array([1.0]))
+
+
+def test_expert_placement_splits_blocks_evenly_and_never_beats_the_dp():
+    L = 10  # embed, 8 blocks, head
+    names = ("embed", *(f"h.{i}" for i in range(8)), "head")
+    rng = np.random.default_rng(3)
+    ly = PlacementLayers(2, rng.uniform(1, 2, L), rng.uniform(2, 4, L), np.full(L, 1e8), np.zeros(L),
+                         np.full(L, 1e8), np.array([False] + [True] * 8 + [False]), np.arange(L - 1),
+                         np.arange(1, L), np.full(L - 1, 1e7), names)
+    setup = TrainingSetup(64, 64, 1, 80e9, False, 4e9)
+    ex = expert_placement(ly, setup, 4, 4)
+    assert ex.feasible and [(s.first, s.last) for s in ex.stages] == [(0, 2), (3, 4), (5, 6), (7, 9)]
+    direct = brute_force_fixed_split(ly, setup, [(0, 3), (3, 5), (5, 7), (7, 10)], 4)
+    assert ex.time_per_batch_s == pytest.approx(direct)
+    assert place(ly, setup, fixed=(4, 4)).time_per_batch_s <= ex.time_per_batch_s + 1e-12
+    assert not expert_placement(ly, setup, 9, 1).feasible  # more stages than blocks
+
+
+def brute_force_fixed_split(ly, setup, bounds, d):
+    s = len(bounds)
+    loads = [stage_cost(ly, setup, list(range(a, b)))["plain"] for a, b in bounds]
+    w0 = stage_cost(ly, setup, list(range(*bounds[0])))["weights"]
+    return (math.ceil(setup.microbatches / d) + s - 1) * max(loads) + 4 * (d - 1) / d * w0 / setup.bandwidth

@@ -458,3 +458,43 @@ def best_placement(layers_by_t: dict[int, PlacementLayers] | list[PlacementLayer
     if best is None:
         return Placement(False, reason=f"no layer graph for tmp width {fixed[2] if fixed else '?'}")
     return best
+
+
+def expert_placement(ly: PlacementLayers, setup: TrainingSetup, p: int, d: int,
+                     block: np.ndarray | None = None) -> Placement:
+    """An expert strategy {p, d, t} as the Phaze code evaluates it (spec §8.3): ceil(blocks/p)
+    consecutive transformer blocks per stage, the layers before the first block in the first stage
+    and those after the last block in the last; the same load, memory and F as the DP."""
+    import re
+
+    L, t = ly.num_layers, ly.tmp
+    if block is None:
+        block = np.array([bool(re.search(r"\.\d+$", n)) for n in ly.names]) if ly.names else np.ones(L, bool)
+    idx = np.flatnonzero(block)
+    if not 1 <= p <= max(len(idx), 1):
+        return Placement(False, t=t, reason=f"p = {p} stages but only {len(idx)} transformer blocks")
+    per = -(-len(idx) // p)
+    cuts = [int(idx[k * per]) for k in range(1, p) if k * per < len(idx)]
+    bounds = list(zip([0, *cuts], [*cuts, L]))
+    s = len(bounds)
+    stages, devices = [], 0
+    for pos, (a, b) in enumerate(bounds):
+        c = stage_cost(ly, setup, list(range(a, b)))
+        from_end = s - pos
+        mem = c["const"] + (from_end - 1) * c["stash"]
+        if mem > setup.hbm_bytes:
+            return Placement(False, t=t, microbatch=setup.microbatch, recompute=setup.recompute,
+                             hbm_bytes=setup.hbm_bytes,
+                             reason=f"expert stage {pos} needs {mem / 2**30:.2f} GiB of HBM")
+        load = c["recompute"] if (setup.recompute and from_end > 1) else c["plain"]
+        n_dev = 1 if (c["single"] and t > 1) else t
+        devices += n_dev
+        stages.append(Stage(a, b - 1, n_dev, load, mem, tuple(ly.names[a:b]) if ly.names else ()))
+    if d * devices > setup.num_devices or d > setup.microbatches:
+        return Placement(False, t=t, reason=f"{p}×{d}×{t} needs more than {setup.num_devices} devices "
+                                            f"or {setup.microbatches} microbatches")
+    x = max(st.load_s for st in stages)
+    w0 = stage_cost(ly, setup, list(range(*bounds[0])))["weights"]
+    F = (math.ceil(setup.microbatches / d) + s - 1) * x + 4 * (d - 1) / d * w0 / setup.bandwidth
+    return Placement(True, F, setup.global_batch / F, s, d, t, setup.microbatch, setup.recompute,
+                     setup.hbm_bytes, x, stages)
