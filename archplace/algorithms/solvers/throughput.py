@@ -77,24 +77,18 @@ class ThroughputResult:
                 "configs": self.configs}
 
 
-def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
-                     microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
-                     tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
-                     sequential: bool = False, fixed: tuple[int, int, int] | None = None,
-                     seq: int | None = None, **solve_kw: Any) -> ThroughputResult:
-    """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
-
-    ``fixed = (p, d, t)`` evaluates one strategy (an expert placement); ``sequential`` replaces the
-    ILP with the all-ops-intra-parallel schedule (the paper's ablation baseline).
-    """
+def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_widths=None,
+                   num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "sgd",
+                   link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, seq: int | None = None,
+                   schedules=("ilp",), **solve_kw: Any) -> tuple[dict, dict[str, float], dict[str, Any]]:
+    """``{schedule: {mbs: {t: PlacementLayers}}}`` for the layer-schedule kinds in ``schedules``
+    ("ilp" and/or "sequential"), with the time spent per step and the ILP's cache statistics."""
     from ...workloads.models import build_graph, preset
 
     widths = tuple(tmp_widths or preset(model).tmp_widths)
-    if fixed is not None:
-        widths = (fixed[2],)
-    timing = {"estimate_s": 0.0, "ilp_s": 0.0, "dp_s": 0.0, "graph_s": 0.0}
+    timing = {"graph_s": 0.0, "estimate_s": 0.0, "ilp_s": 0.0}
     stats: dict[str, Any] = {"unique_solved": 0, "cache_hits": 0}
-    by_mbs: dict[int, dict[int, PlacementLayers]] = {}
+    out: dict[str, dict[int, dict[int, PlacementLayers]]] = {k: {} for k in schedules}
     for mbs in microbatches:
         if global_batch % mbs:
             continue
@@ -105,36 +99,65 @@ def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, glob
             g = build_graph(model, seq=seq, mbs=mbs, tmp=t)
             t1 = time.perf_counter()
             est = estimate_graph(g, acc, link_bw=link_bw)
-            t2 = time.perf_counter()
-            if sequential:
-                fw, bw = layer_times_sequential(g, est.all_s)
-            else:
-                fw, bw, info = layer_times_ilp(g, est.single_s, est.all_s, acc, **solve_kw)
-                for k in ("unique_solved", "cache_hits"):
-                    stats[k] += int(info.get(k, 0))
-            t3 = time.perf_counter()
-            base = placement_layers(g, est.single_s, est.all_s, sequential=True, optimizer=optimizer)
-            by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
-                base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
-                base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
             timing["graph_s"] += t1 - t0
-            timing["estimate_s"] += t2 - t1
-            timing["ilp_s"] += t3 - t2
+            timing["estimate_s"] += time.perf_counter() - t1
+            base = placement_layers(g, est.single_s, est.all_s, sequential=True, optimizer=optimizer)
+            for kind in schedules:
+                if kind == "sequential":
+                    ly = base
+                else:
+                    t2 = time.perf_counter()
+                    fw, bw, info = layer_times_ilp(g, est.single_s, est.all_s, acc, **solve_kw)
+                    timing["ilp_s"] += time.perf_counter() - t2
+                    for k in ("unique_solved", "cache_hits"):
+                        stats[k] += int(info.get(k, 0))
+                    ly = PlacementLayers(base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes,
+                                         base.activation_bytes, base.tensor_parallel, base.edge_src,
+                                         base.edge_dst, base.edge_bytes, base.names)
+                out[kind].setdefault(mbs, {})[t] = ly
+    return out, timing, stats
+
+
+def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int, global_batch: int,
+          hbm_gb=(32, 64, 80), recompute=(False, True), link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
+          evaluate=None) -> tuple[Placement, list[dict[str, Any]]]:
+    """Best placement over microbatch, HBM size and recomputation. ``evaluate(layers_by_t, setup)``
+    defaults to the DP over TMP widths (``best_placement``)."""
+    evaluate = evaluate or best_placement
     best: Placement | None = None
     rows = []
-    t0 = time.perf_counter()
-    for mbs, layers in by_mbs.items():
+    for mbs, layers in layers_by_mbs.items():
         for hbm in hbm_gb:
             for rec in recompute:
                 setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw)
-                res = best_placement(layers, setup, fixed)
+                res = evaluate(layers, setup)
                 rows.append({"microbatch": mbs, "hbm_gb": hbm, "recompute": rec, "feasible": res.feasible,
                              "throughput": res.throughput if res.feasible else 0.0,
                              "p": res.p, "d": res.d, "t": res.t})
-                if best is None or (res.feasible and (not best.feasible
-                                                      or res.throughput > best.throughput)):
+                if best is None or (res.feasible and (not best.feasible or res.throughput > best.throughput)):
                     best = res
-    timing["dp_s"] = time.perf_counter() - t0
     if best is None:
         best = Placement(False, reason="no microbatch size divides the global batch")
+    return best, rows
+
+
+def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
+                     microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
+                     tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
+                     sequential: bool = False, fixed: tuple[int, int, int] | None = None,
+                     seq: int | None = None, **solve_kw: Any) -> ThroughputResult:
+    """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
+
+    ``fixed = (p, d, t)`` evaluates one strategy (the DP still chooses the stage split);
+    ``sequential`` replaces the ILP with the all-ops-intra-parallel schedule (the paper's ablation
+    baseline).
+    """
+    kind = "sequential" if sequential else "ilp"
+    widths = (fixed[2],) if fixed is not None else tmp_widths
+    layers, timing, stats = prepare_layers(model, acc, microbatches, widths, num_devices, global_batch,
+                                           optimizer, link_bw, seq, (kind,), **solve_kw)
+    t0 = time.perf_counter()
+    evaluate = None if fixed is None else (lambda lys, setup: best_placement(lys, setup, fixed))
+    best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate)
+    timing["dp_s"] = time.perf_counter() - t0
     return ThroughputResult(model, acc, best, rows, timing, stats)
