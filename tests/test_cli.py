@@ -90,3 +90,27 @@ def test_estimate_bad_architecture_files(capsys, tmp_path, arch, match):
     path.write_text(arch)
     code, out, err = run(capsys, "estimate", "bert-base", "--arch", str(path))
     assert code == 2 and match in err and err.count("\n") == 1
+
+
+def test_place_sequential_json(capsys):
+    code, out, _ = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--accelerators", "32",
+                       "--global-batch", "128", "--seq", "128", "--hbm", "32", "--sequential", "--json")
+    res = json.loads(out)
+    pl = res["placement"]
+    assert code == 0 and pl["feasible"] and res["schedule"] == "sequential"
+    assert pl["p"] * pl["d"] <= 32 and res["throughput"] == pytest.approx(128 / pl["time_per_batch_s"])
+    code, out, _ = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--accelerators", "32",
+                       "--global-batch", "128", "--seq", "128", "--hbm", "32", "--sequential",
+                       "--fixed", "2,4,1", "--json")
+    fixed = json.loads(out)["placement"]
+    assert (fixed["p"], fixed["d"], fixed["t"]) == (2, 4, 1)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--fixed", "2,2"], "--fixed must be p,d,t"),
+    (["--fixed", "64,64,1"], "needs 4096 accelerators, more than --accelerators 1024"),
+    (["--accelerators", "0"], "--accelerators must be a positive integer"),
+])
+def test_place_bad_input(capsys, argv, match):
+    code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
+    assert code == 2 and match in err and err.count("\n") == 1

@@ -155,7 +155,7 @@ def test_memory_decides_recompute_and_infeasibility():
     assert rec.stages[0].memory_bytes == pytest.approx(2e9 + 4e9)
     assert rec.stages[1].memory_bytes == pytest.approx(2e9 + 4e9 + 2 * 1e8)
     nothing = place(ly, TrainingSetup(4, 16, 1, 5e9, True, 4e9))
-    assert not nothing.feasible and "smallest stage needs 5.59 GiB" in nothing.reason
+    assert not nothing.feasible and "alone needs 5.59 GiB" in nothing.reason
 
 
 def test_best_placement_chooses_the_tmp_width():

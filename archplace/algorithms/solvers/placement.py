@@ -260,10 +260,18 @@ def place(ly: PlacementLayers, setup: TrainingSetup, fixed: tuple[int, int] | No
     return solver(ly, setup, s_max, m_max, fixed)
 
 
-def _infeasible(ly, setup, smallest_const: float) -> Placement:
-    why = (f"nothing fits: the smallest stage needs {smallest_const / 2**30:.2f} GiB of "
-           f"{setup.hbm_bytes / 2**30:.2f} GiB HBM" if smallest_const > setup.hbm_bytes
-           else "no pipeline fits the devices and memory")
+def _infeasible(ly: PlacementLayers, setup: TrainingSetup) -> Placement:
+    """Why nothing fits: a layer that alone exceeds HBM, or pipelines that cannot hold their stash."""
+    one = 2 * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float) + \
+        np.asarray(ly.activation_bytes, float)
+    worst = int(np.argmax(one))
+    name = ly.names[worst] if ly.names else f"#{worst}"
+    if one[worst] > setup.hbm_bytes:
+        why = (f"nothing fits: layer {name} alone needs {one[worst] / 2**30:.2f} GiB "
+               f"(weights, gradients, optimizer state, activations) of {setup.hbm_bytes / 2**30:.2f} GiB HBM")
+    else:
+        why = (f"no pipeline fits {setup.num_devices} devices of {setup.hbm_bytes / 2**30:.2f} GiB HBM "
+               f"with tmp width {ly.tmp} (stashed activations of in-flight microbatches)")
     return Placement(False, t=ly.tmp, microbatch=setup.microbatch, recompute=setup.recompute,
                      hbm_bytes=setup.hbm_bytes, reason=why)
 
@@ -301,7 +309,7 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
                 best = (F, s, m_rest, c + 1, d)
     F, s, m_rest, j, d = best
     if not math.isfinite(F):
-        return _infeasible(ly, setup, float(np.min(np.where(valid, T.const_bytes, INF))))
+        return _infeasible(ly, setup)
     bounds, i, m = [(0, j)], j, m_rest
     for k in range(s - 1, 0, -1):
         nj = int(arg[k, m, i])
@@ -424,7 +432,7 @@ def _place_general(ly, setup, s_max, m_max, fixed) -> Placement:
                 best = (F, s, m_rest, firsts[ci][0], d)
     F, s, m_rest, k, d = best
     if not math.isfinite(F):
-        return _infeasible(ly, setup, min(c["const"] for c in cost.values()))
+        return _infeasible(ly, setup)
     chain, cur, m = [(top, k)], k, m_rest
     for level in range(s - 1, 0, -1):
         nk = int(arg[level, m, cur])
