@@ -114,3 +114,15 @@ def test_place_sequential_json(capsys):
 def test_place_bad_input(capsys, argv, match):
     code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
     assert code == 2 and match in err and err.count("\n") == 1
+
+
+def test_solve_dp_reproduces_a_reference(capsys):
+    path = str(DNN_DATA / "throughput-inputs/LayerGraphs/bert24_training.json")
+    code, out, _ = run(capsys, "solve-dp", path, "--json")
+    res = json.loads(out)
+    assert code == 0 and res["status"] == "optimal"
+    assert res["max_load"] == pytest.approx(41.7458125, rel=1e-6) and res["rel_diff"] <= 1e-6
+    code, out, _ = run(capsys, "solve-dp", path)
+    assert code == 0 and "reference optimum 41.7458125" in out and "accelerator 0" in out
+    code, out, err = run(capsys, "solve-dp", "missing.json")
+    assert code == 2 and "does not exist" in err

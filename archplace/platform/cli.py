@@ -238,14 +238,16 @@ def cmd_solve_dp(args) -> dict[str, Any]:
 
 
 def print_solve_dp(res: dict[str, Any]) -> None:
-    print(f"{res['file']}: max-load {res['max_load']:.10g} ({res['status']}, method {res['method']}, "
-          f"{res['solve_time_s']:.2f} s)")
+    ml = res["max_load"]
+    print(f"{res['file']}: max-load {ml if ml is None else format(ml, '.10g')} ({res['status']}, "
+          f"method {res['method']}, {res['solve_time_s']:.2f} s)")
     if res.get("reference") is not None:
-        print(f"  reference optimum {res['reference']:.10g}, relative difference {res['relative_diff']:.2e}")
+        print(f"  reference optimum {res['reference']:.10g}, relative difference {res['rel_diff']:.2e}")
     if res.get("gap"):
         print(f"  lower bound {res['lower_bound']:.10g}, gap {res['gap']:.2%}")
     for dev in res.get("devices", []):
-        print(f"  {dev['device']:8s} load {dev['load']:.6g}  nodes {dev['nodes']}")
+        name = f"{dev['kind']} {dev['index']}"
+        print(f"  {name:14s} load {dev['load']:.6g}  nodes {dev['nodes']}")
 
 
 COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
