@@ -36,7 +36,9 @@ def layer_times_ilp(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Ac
     from .layer_ilp import schedule_layers
 
     res = schedule_layers(g, single_s, all_s, acc.num_tc, acc.num_vc, **solve_kw)
-    return np.asarray(res["forward_s"]), np.asarray(res["backward_s"]), res
+    info = {"unique_solved": int(res.get("solved", 0)), "cache_hits": int(res.get("cache_hits", 0)),
+            "solve_time_s": float(res.get("solve_time_s", 0.0))}
+    return np.asarray(res["forward_s"]), np.asarray(res["backward_s"]), info
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
