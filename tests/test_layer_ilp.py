@@ -97,6 +97,32 @@ def test_medium_dags_cpsat_and_milp_agree(seed):
     assert close(a.makespan_s, b.makespan_s), (a.makespan_s, b.makespan_s)
 
 
+def test_second_phase_with_interval_warm_start(monkeypatch):
+    """Force CP-SAT's quick first attempt to run out so the warm start and the second phase run."""
+    pb = rand_problem(1003, nmax=12)
+    while pb.num_ops < 9:
+        pb = rand_problem(pb.num_ops + 5000, nmax=12)
+    calls = []
+    real = L._run_warm_start
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(L, "QUICK_ATTEMPT_S", 1e-4)
+    monkeypatch.setattr(L, "_run_warm_start", spy)
+    ref = solve_layer(pb, "milp", cache=False, time_limit_s=120)
+    s = solve_layer(pb, "cpsat", cache=False, decompose=False, time_limit_s=120)
+    assert calls, "the warm start did not run"
+    ws = calls[0]
+    assert ws is not None
+    check_schedule(pb, ws)
+    assert ws.makespan_s >= ref.makespan_s * (1 - REL)
+    check_schedule(pb, s)
+    assert s.status == "optimal" and close(s.makespan_s, ref.makespan_s)
+
+
 def test_zero_latency_problems():
     for lat, lat_hat in (([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), ([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]),
                          ([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])):

@@ -661,10 +661,18 @@ def greedy_schedule(problem: LayerProblem) -> LayerSchedule:
     """Critical-path list scheduling: the ready op with the longest tail (min(ℓ, ℓ̂) durations)
     goes next, in the mode (intra-op, or a specific core / fused pair) that finishes it earliest,
     inserted into the earliest feasible gap. Ties prefer non-intra and low core indices."""
-    t0 = time.perf_counter()
-    n = problem.num_ops
     tail = _tails(problem, _min_dur(problem))
     rank = _rank(problem)
+    return _list_schedule(problem, lambda j: (-tail[j], rank[j]), None, "greedy")
+
+
+def _list_schedule(problem: LayerProblem, priority: Any, modes: np.ndarray | None, name: str
+                   ) -> LayerSchedule:
+    """Serial schedule generation with explicit cores: the ready op with the smallest
+    ``priority(op)`` goes next, at the earliest feasible time, in its given mode (``modes[i]``:
+    intra-op or not) or, when ``modes`` is None, the mode and core that finish it earliest."""
+    t0 = time.perf_counter()
+    n = problem.num_ops
     pred = problem.predecessors()
     npred = np.array([len(p) for p in pred])
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -680,23 +688,25 @@ def greedy_schedule(problem: LayerProblem) -> LayerSchedule:
     left = npred.copy()
     k = problem.kind
     while ready:
-        i = max(ready, key=lambda j: (tail[j], -rank[j]))
+        i = min(ready, key=priority)
         ready.remove(i)
         rel = max((end[p] for p in pred[i]), default=0.0)
         ncores = problem.num_tc if k[i] == KIND_TC else problem.num_vc if k[i] == KIND_VC \
             else problem.num_pairs
         best = None
-        for c in range(ncores):
-            res = _mode_resources(problem, i, False, c)
-            s = tl.earliest(res, rel, problem.latency_s[i])
-            key = (s + problem.latency_s[i], 0, c)
+        if modes is None or not modes[i]:
+            for c in range(ncores):
+                res = _mode_resources(problem, i, False, c)
+                s = tl.earliest(res, rel, problem.latency_s[i])
+                key = (s + problem.latency_s[i], 0, c)
+                if best is None or key < best[0]:
+                    best = (key, s, False, c, res)
+        if modes is None or modes[i]:
+            res = _mode_resources(problem, i, True, -1)
+            s = tl.earliest(res, rel, problem.intra_latency_s[i])
+            key = (s + problem.intra_latency_s[i], 1, 0)
             if best is None or key < best[0]:
-                best = (key, s, False, c, res)
-        res = _mode_resources(problem, i, True, -1)
-        s = tl.earliest(res, rel, problem.intra_latency_s[i])
-        key = (s + problem.intra_latency_s[i], 1, 0)
-        if key < best[0]:
-            best = (key, s, True, -1, res)
+                best = (key, s, True, -1, res)
         _, s, yi, c, res = best
         d = problem.intra_latency_s[i] if yi else problem.latency_s[i]
         start[i], end[i], intra[i] = s, s + d, yi
@@ -710,7 +720,17 @@ def greedy_schedule(problem: LayerProblem) -> LayerSchedule:
             left[v] -= 1
             if left[v] == 0:
                 ready.append(v)
-    return _finish(problem, start, intra, tc, vc, "feasible", "greedy", t0, gap=float("nan"))
+    return _finish(problem, start, intra, tc, vc, "feasible", name, t0, gap=float("nan"))
+
+
+def _repair(problem: LayerProblem, start: np.ndarray, intra: np.ndarray) -> LayerSchedule:
+    """A valid schedule close to an over-subscribed one (a lazy round's solution): list scheduling
+    in its start order, once with its modes kept and once choosing modes greedily; the better."""
+    rank = _rank(problem)
+    prio = {i: (float(start[i]), int(rank[i])) for i in range(problem.num_ops)}
+    a = _list_schedule(problem, prio.__getitem__, intra, "repaired lazy-round schedule")
+    b = _list_schedule(problem, prio.__getitem__, None, "repaired lazy-round schedule")
+    return a if a.makespan_s <= b.makespan_s else b
 
 
 def _heuristic(problem: LayerProblem) -> LayerSchedule:
@@ -1705,7 +1725,7 @@ def _solve_connected(problem: LayerProblem, backend: str, time_limit_s: float, r
     rank = _rank(problem)
     heur = _heuristic(problem)
     st: dict[str, Any] = {"active": {"tc": not lazy, "vc": not lazy}, "rounds": 0, "bound": float("nan"),
-                          "name": backend}
+                          "name": backend, "hint": heur}
     phases = [deadline]
     if backend == "cpsat" and problem.num_ops >= WARM_START_MIN_OPS:
         phases = [min(deadline, t0 + QUICK_ATTEMPT_S), deadline]
@@ -1716,14 +1736,15 @@ def _solve_connected(problem: LayerProblem, backend: str, time_limit_s: float, r
             if left <= 0:
                 break
             ws = _run_warm_start(problem, min(WARM_START_SHARE * left, WARM_START_MAX_S), num_workers)
-            if ws is not None and ws.makespan_s < heur.makespan_s:
-                heur = ws
-        got = _lazy_solve(problem, backend, end, rel_gap, heur, num_workers, rank, st)
+            if ws is not None and ws.makespan_s < st["hint"].makespan_s:
+                st["hint"] = ws
+        got = _lazy_solve(problem, backend, end, rel_gap, num_workers, rank, st)
         if got is not None and (best is None or got.status == "optimal" or got.makespan_s < best.makespan_s):
             best = got
         if best is not None and best.status == "optimal":
             break
     bound = st["bound"]
+    heur = st["hint"]  # the best valid schedule the heuristics found
     if best is None:
         return _fallback(problem, heur, bound, t0, st["rounds"], st["name"])
     best.lazy_rounds = st["rounds"]
@@ -1744,11 +1765,12 @@ def _solve_connected(problem: LayerProblem, backend: str, time_limit_s: float, r
     return best
 
 
-def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float, hint: LayerSchedule,
-                num_workers: int, rank: np.ndarray, st: dict[str, Any]) -> LayerSchedule | None:
+def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float, num_workers: int,
+                rank: np.ndarray, st: dict[str, Any]) -> LayerSchedule | None:
     """Lazy rounds until a solution fits the cores (returned, status "optimal" when its round was
     solved to optimality) or the time runs out / a round has no solution (None). ``st`` carries the
-    active z-types, the number of rounds and the best bound across calls."""
+    active z-types, the number of rounds, the best bound and the best valid schedule (the hint)
+    across calls; an over-subscribed solution is repaired into a valid one for the next hint."""
     t0 = time.perf_counter()
     active = st["active"]
     while True:
@@ -1756,7 +1778,7 @@ def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float,
         if left <= 0:
             return None
         spec = _build_spec(problem, active["tc"], active["vc"])
-        raw = _run_backend(backend, problem, spec, left, rel_gap, hint, num_workers, st["bound"])
+        raw = _run_backend(backend, problem, spec, left, rel_gap, st["hint"], num_workers, st["bound"])
         st["name"] = raw.name
         # every round's model is a relaxation of (or equal to) the full one: its bound is valid
         if math.isfinite(raw.bound_s):
@@ -1786,6 +1808,9 @@ def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float,
             for t in need:
                 active[t] = True
             st["rounds"] += 1
+            fixed = _repair(problem, start, intra)
+            if fixed.makespan_s < st["hint"].makespan_s:
+                st["hint"] = fixed  # the next round starts from the repaired solution
             continue
         return _finish(problem, start, intra, cores[0], cores[1], "optimal" if raw.optimal else "feasible",
                        raw.name, t0, bound_s=st["bound"])
