@@ -158,11 +158,16 @@ def cmd_estimate(args) -> dict[str, Any]:
             "ops": ops}
 
 
+def _arch_label(a: dict[str, Any]) -> str:
+    """``tpuv4 {8, 2, 128, 128, 128}`` from an Accelerator's dict."""
+    return (f"{a['name'] or 'custom'} {{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, {a['pe_y']}, "
+            f"{a['pe_vc']}}}")
+
+
 def print_estimate(res: dict[str, Any]) -> None:
     t = res["totals"]
     a = res["arch"]
-    print(f"{res['model']} on {a['name'] or 'custom'} {{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, "
-          f"{a['pe_y']}, {a['pe_vc']}}} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
+    print(f"{res['model']} on {_arch_label(a)} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
           f"{res['peak_flops'] / 1e12:.1f} TFLOP/s peak  [{res['backend']}]")
     print(f"  every op in sequence on one core : {t['sequential_single_core_s'] * 1e3:10.3f} ms "
           f"(forward {t['forward_s'] * 1e3:.3f}, backward {t['backward_s'] * 1e3:.3f})")
@@ -212,8 +217,7 @@ def cmd_place(args) -> dict[str, Any]:
 def print_place(res: dict[str, Any]) -> None:
     pl = res["placement"]
     a = res["arch"]
-    print(f"{res['model']} on {res['accelerators']} × {a['name'] or 'custom'} "
-          f"{{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, {a['pe_y']}, {a['pe_vc']}}}, global batch "
+    print(f"{res['model']} on {res['accelerators']} × {_arch_label(a)}, global batch "
           f"{res['global_batch']} [{res['schedule']} layer schedules]")
     if not pl["feasible"]:
         print(f"  infeasible: {pl.get('reason', '')}")
