@@ -147,3 +147,12 @@ def test_more_cores_help_big_layers():
 def test_unknown_backend():
     with pytest.raises(ValueError, match="backend 'sunstone' unknown"):
         estimate_graph(one_op("none"), TPUV4, backend="sunstone")
+
+
+def test_from_space_equals_building_each_accelerator():
+    space = enumerate_space()
+    idx = np.linspace(0, len(space) - 1, 40).astype(int)
+    whole = ArchArrays.from_space(space)
+    each = ArchArrays.from_accelerators([space.accelerator(i) for i in idx])
+    for f in ("num_tc", "num_vc", "pe_x", "pe_y", "pe_vc", "glb_bytes", "glb_bw", "hbm_bw", "clock_hz"):
+        assert np.array_equal(getattr(whole, f)[idx], getattr(each, f)), f

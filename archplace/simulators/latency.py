@@ -71,14 +71,12 @@ class ArchArrays:
     def from_space(cls, space, hbm_bw: float = C.DEFAULT_HBM_BW_BYTES_PER_S,
                    clock_hz: float = C.DEFAULT_CLOCK_HZ, bytes_per_element: int = 2) -> ArchArrays:
         """All architectures of an ``ArchSpace`` without building an Accelerator each."""
-        from ..hardware.accelerator import core_grid
+        from ..hardware.accelerator import glb_bw_words
 
         tc = space.num_tc.astype(np.float64)
-        side = np.array([core_grid(int(v))[0] for v in np.unique(space.num_tc)])
-        side_of = dict(zip(np.unique(space.num_tc).tolist(), side.tolist()))
-        sides = np.array([side_of[v] for v in space.num_tc.tolist()], dtype=np.float64)
-        glb_bw = np.minimum(C.GLB_BW_MAX_WORDS_PER_CYCLE,
-                            np.maximum(4, 16 * np.maximum(space.pe_x, space.pe_y) * sides))
+        keys = np.stack([space.num_tc, space.pe_x, space.pe_y], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)  # the formula lives in glb_bw_words
+        glb_bw = np.array([glb_bw_words(*map(int, k)) for k in uniq], dtype=np.float64)[inv.ravel()]
         n = len(tc)
 
         def full(v):

@@ -128,30 +128,30 @@ def _role(module: str, kind: str) -> str:
     return ""
 
 
-def _gemm(kind: str, target: str, node, fx_args: list, bpe: int) -> tuple[tuple[int, int, int, int], int]:
-    """GEMM dimensions (b, m, n, k) and the bytes of a parameter operand if any."""
+def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
+    """GEMM dimensions (b, m, n, k) of a tensor op."""
     out = node.meta["val"]
     shapes = [getattr(a.meta.get("val"), "shape", None) if hasattr(a, "meta") else None
               for a in fx_args]
     if target == "linear":
         x, w = shapes[0], shapes[1]
         n, k = int(w[0]), int(w[1])
-        return (1, _numel(out) // n, n, k), 0
+        return (1, _numel(out) // n, n, k)
     if target == "addmm":  # addmm(bias, x[M,K], w[K,N]) as in GPT-2's Conv1D
         x, w = shapes[1], shapes[2]
-        return (1, int(x[0]), int(w[1]), int(x[1])), 0
+        return (1, int(x[0]), int(w[1]), int(x[1]))
     if target in ("convolution", "conv1d", "conv2d"):
         w = shapes[1]
         cout, cin_g = int(w[0]), int(w[1])
         ksz = int(math.prod(w[2:]))
         m = _numel(out) // cout
-        return (1, m, cout, cin_g * ksz), 0
+        return (1, m, cout, cin_g * ksz)
     a, b = shapes[0], shapes[1]
     k = int(a[-1])
     n = int(b[-1]) if len(b) >= 2 else 1
     m = int(a[-2]) if len(a) >= 2 else 1
     batch = _numel(out) // max(m * n, 1)
-    return (batch, m, n, k), 0
+    return (batch, m, n, k)
 
 
 def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_element: int = 2):
@@ -218,7 +218,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         info = OP_KINDS[kind]
         gemm = (0, 0, 0, 0)
         if kind in TENSOR_KINDS:
-            gemm, _ = _gemm(kind, target, node, fx_args, bytes_per_element)
+            gemm = _gemm(target, node, fx_args)
             flops = 2.0 * math.prod(gemm)
             vflops = 0.0
         elif info.core == "vector":

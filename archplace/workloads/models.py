@@ -7,7 +7,6 @@ Megatron GPT models use the GPT-2 architecture (Megatron-LM's GPT is GPT-2 with 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,5 +183,3 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
     g = slice_tensor_parallel(g, tmp)
     return derive_backward(g) if training else g
 
-
-ModelBuilder = Callable[..., OpGraph]
