@@ -254,9 +254,87 @@ def print_solve_dp(res: dict[str, Any]) -> None:
         print(f"  {name:14s} load {dev['load']:.6g}  nodes {dev['nodes']}")
 
 
+def _int_list(text: str, name: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def _float_list(text: str, name: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated positive numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise ValueError(f"{name} must be comma-separated positive numbers, got {text!r}")
+    return vals
+
+
+RECOMPUTE = {"both": (False, True), "stash": (False,), "recompute": (True,)}
+
+
+def cmd_search(args) -> dict[str, Any]:
+    import time as _time
+
+    from archplace.platform.search import run_search
+    from archplace.platform.trial import SearchSettings
+
+    settings = SearchSettings(
+        models=tuple(args.models), num_devices=args.accelerators, global_batch=args.global_batch,
+        microbatches=_int_list(args.microbatches, "--microbatches"), hbm_gb=_float_list(args.hbm, "--hbm"),
+        recompute=RECOMPUTE[args.recompute], seq=args.seq, ilp_time_limit_s=args.ilp_time_limit,
+        space_path=str(Path(args.space).resolve()) if args.space else None,
+        tmp_widths={m: _int_list(args.tmp_widths, "--tmp-widths") for m in args.models} if args.tmp_widths
+        else {})
+    out = args.out or f"runs/search-{_time.strftime('%Y%m%d-%H%M%S')}"
+    return run_search(settings, out, searcher=args.searcher, budget=args.budget, address=args.address,
+                      resume=args.resume, workers=args.workers, seed=args.seed, hysteresis=args.hysteresis,
+                      area_bucket_mm2=args.area_bucket, max_failures=args.max_failures,
+                      progress=not args.json)
+
+
+def print_search(res: dict[str, Any]) -> None:
+    st = res.get("stats", {})
+    print(f"search of {', '.join(res['models'])} on {res['num_devices']} accelerators, global batch "
+          f"{res['global_batch']} [{res['searcher']}]: {res['evaluated']} architectures "
+          f"({st.get('resumed', 0)} resumed, {res['failed']} failed) in {st.get('wall_s', 0):.1f} s "
+          f"with {st.get('workers', '?')} workers")
+    c = res.get("common")
+    if c is None:
+        print("  no architecture gave a feasible placement")
+    else:
+        print(f"  best common  {c['arch_label']}  area {c['area_mm2']:.2f} mm²  "
+              f"average {c['throughput_avg']:,.1f} samples/s")
+    ref = (res.get("reference") or {}).get("per_model", {})
+    for m, b in res.get("per_model", {}).items():
+        r = ref.get(m, {})
+        vs = res.get("speedup_vs_reference", {}).get(m)
+        print(f"  {m:14s} best {b['arch_label']}: {b['throughput']:,.1f} samples/s "
+              f"(p={b['p']} d={b['d']} t={b['t']}, mbs {b['microbatch']})"
+              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else ""))
+    out = res["out_dir"]
+    print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")
+
+
+def cmd_report(args) -> dict[str, Any]:
+    from archplace.platform.report import write_report
+
+    path = write_report(args.dir)
+    return {"report": str(path)}
+
+
+def print_report(res: dict[str, Any]) -> None:
+    print(f"wrote {res['report']}")
+
+
 COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
             "estimate": (cmd_estimate, print_estimate), "place": (cmd_place, print_place),
-            "solve-dp": (cmd_solve_dp, print_solve_dp)}
+            "solve-dp": (cmd_solve_dp, print_solve_dp), "search": (cmd_search, print_search),
+            "report": (cmd_report, print_report)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,6 +374,32 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--method", default="auto", choices=["auto", "dp", "milp"])
     sd.add_argument("--time-limit", type=float, default=600.0)
     sd.add_argument("--json", action="store_true")
+    se = sub.add_parser("search", help="architecture × placement co-search on Ray Tune")
+    se.add_argument("models", nargs="+", help="model presets; one trial evaluates all of them")
+    se.add_argument("--accelerators", type=int, default=1024)
+    se.add_argument("--global-batch", type=int, default=4096)
+    se.add_argument("--searcher", default="phaze",
+                    help="phaze (area order + hysteresis), optuna, random, grid")
+    se.add_argument("--budget", type=int, default=12, help="most architectures to evaluate")
+    se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
+    se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
+    se.add_argument("--resume", action="store_true", help="continue the search in --out")
+    se.add_argument("--workers", type=int, help="concurrent trials and solver actors (default: cluster CPUs)")
+    se.add_argument("--microbatches", default="1,2,4,8")
+    se.add_argument("--hbm", default="32,64,80", help="HBM sizes in GB")
+    se.add_argument("--recompute", choices=sorted(RECOMPUTE), default="both")
+    se.add_argument("--seq", type=int, default=None)
+    se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
+    se.add_argument("--ilp-time-limit", type=float, default=10.0, help="seconds per layer ILP")
+    se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
+    se.add_argument("--hysteresis", type=int, default=6)
+    se.add_argument("--area-bucket", type=float, default=0.01, help="Phaze area bucket in mm²")
+    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--max-failures", type=int, default=2, help="retries of a failing trial")
+    se.add_argument("--json", action="store_true")
+    rp = sub.add_parser("report", help="report.md with plots of a finished search")
+    rp.add_argument("dir")
+    rp.add_argument("--json", action="store_true")
     return p
 
 

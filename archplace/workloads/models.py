@@ -77,6 +77,18 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
                 (1, 2, 4, 8), "Brown et al. 2020, GPT-3 175B (96 layers, hidden 12288)", ("n_layer",)),
 ]}
 
+# The experts' {p, d, t} for 1024 accelerators and a global batch of 4096 (Phaze Table 4, spec
+# phaze.md §8.3): the reference placements that searched placements are compared against.
+EXPERT_STRATEGIES: dict[str, tuple[int, int, int]] = {
+    "opt-350m": (12, 85, 1),
+    "bert-large": (8, 128, 1),
+    "gpt2-xl": (32, 32, 1),
+    "llama2-7b": (8, 128, 1),
+    "megatron-2.5b": (8, 32, 4),
+    "megatron-8.3b": (8, 16, 8),
+    "gpt3-175b": (32, 8, 4),
+}
+
 # which block stack each depth field grows, by family (module path prefix of the blocks)
 _STACKS = {
     "bert": {"num_hidden_layers": "encoder.layer"},

@@ -1929,6 +1929,61 @@ def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: in
             yield li, mkey, bw, prob
 
 
+@dataclass
+class LayerPlan:
+    """Every layer's forward and backward ILP instance of one graph, deduplicated by cache key.
+
+    ``keys[pass][layer]`` names the instance in ``problems`` (unique, insertion order); the split
+    lets a caller solve the unique instances anywhere (in-process, or on a pool of solver actors
+    with a shared cache) and then ``assemble`` the per-layer makespans.
+    """
+
+    layers: tuple[str, ...]
+    keys: dict[str, list[str]]
+    problems: dict[str, LayerProblem]
+    sequential_s: dict[str, np.ndarray]
+    num_ops: dict[str, np.ndarray]
+
+    @property
+    def lookups(self) -> int:
+        return len(self.keys["forward"]) + len(self.keys["backward"])
+
+    def assemble(self, makespan_s: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-layer forward and backward makespans from the makespan of each unique key."""
+        missing = [k for k in self.problems if k not in makespan_s]
+        if missing:
+            raise KeyError(f"{len(missing)} layer schedule(s) missing, e.g. {missing[0]}")
+        return tuple(np.array([makespan_s[k] for k in self.keys[p]], dtype=np.float64)
+                     for p in ("forward", "backward"))
+
+
+def plan_layer_schedules(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int,
+                         **settings: Any) -> LayerPlan:
+    """The unique layer-slice ILP instances of a graph and which layer uses which. ``settings`` are
+    the ``solve_layer`` options that enter the cache key (backend, time_limit_s, rel_gap, lazy,
+    decompose); others are ignored."""
+    names = tuple(g.meta.get("layers", ()))
+    L = len(names)
+    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose")
+                if k in settings}
+    keys = {"forward": [""] * L, "backward": [""] * L}
+    seq = {"forward": np.zeros(L), "backward": np.zeros(L)}
+    num_ops = {"forward": np.zeros(L, np.int64), "backward": np.zeros(L, np.int64)}
+    problems: dict[str, LayerProblem] = {}
+    memo: dict = {}
+    by_mkey: dict = {}
+    for li, mkey, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, memo):
+        pas = "backward" if bw else "forward"
+        key = by_mkey.get(mkey)
+        if key is None:
+            key = by_mkey[mkey] = schedule_cache_key(prob, **settings)
+            problems.setdefault(key, prob)
+        keys[pas][li] = key
+        seq[pas][li] = float(prob.intra_latency_s.sum())
+        num_ops[pas][li] = prob.num_ops
+    return LayerPlan(names, keys, problems, seq, num_ops)
+
+
 def schedule_layers(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int,
                     **solve_kw: Any) -> dict[str, Any]:
     """Solve every layer's forward and backward subgraph; each distinct (structural hash, pass,
@@ -1942,52 +1997,30 @@ def schedule_layers(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_
     ``cache_hits`` (layer lookups answered without a solve, including repeats within this call)
     and ``solve_time_s`` (sum over the solves done now).
     """
-    names = tuple(g.meta.get("layers", ()))
-    L = len(names)
-    settings = {k: solve_kw[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose")
-                if k in solve_kw}
-    res: dict[str, Any] = {
-        "layers": names, "forward_s": np.zeros(L), "backward_s": np.zeros(L),
-        "sequential_forward_s": np.zeros(L), "sequential_backward_s": np.zeros(L),
-        "keys": {"forward": [""] * L, "backward": [""] * L},
-        "num_ops": {"forward": np.zeros(L, np.int64), "backward": np.zeros(L, np.int64)},
-        "schedules": {}, "problems": {}, "solved": 0, "cache_hits": 0, "solve_time_s": 0.0,
+    plan = plan_layer_schedules(g, est_single_s, est_all_s, num_tc, num_vc, **solve_kw)
+    schedules: dict[str, LayerSchedule] = {}
+    solved, solve_time = 0, 0.0
+    for key, prob in plan.problems.items():
+        s = solve_layer(prob, **solve_kw)
+        if not s.from_cache:
+            solved += 1
+            solve_time += s.solve_time_s
+        schedules[key] = s
+    fw, bw = plan.assemble({k: s.makespan_s for k, s in schedules.items()})
+    return {
+        "layers": plan.layers, "forward_s": fw, "backward_s": bw,
+        "sequential_forward_s": plan.sequential_s["forward"],
+        "sequential_backward_s": plan.sequential_s["backward"],
+        "keys": plan.keys, "num_ops": plan.num_ops, "schedules": schedules, "problems": plan.problems,
+        "solved": solved, "cache_hits": plan.lookups - solved, "solve_time_s": solve_time,
+        "unique": len(schedules), "unique_forward": len(set(plan.keys["forward"])),
+        "unique_backward": len(set(plan.keys["backward"])),
     }
-    memo: dict = {}
-    by_mkey: dict = {}
-    for li, mkey, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, memo):
-        pas = "backward" if bw else "forward"
-        if mkey in by_mkey:
-            key = by_mkey[mkey]
-            res["cache_hits"] += 1
-        else:
-            key = schedule_cache_key(prob, **settings)
-            by_mkey[mkey] = key
-            if key in res["schedules"]:
-                res["cache_hits"] += 1
-            else:
-                s = solve_layer(prob, **solve_kw)
-                if s.from_cache:
-                    res["cache_hits"] += 1
-                else:
-                    res["solved"] += 1
-                    res["solve_time_s"] += s.solve_time_s
-                res["schedules"][key] = s
-                res["problems"][key] = prob
-        s = res["schedules"][key]
-        res["keys"][pas][li] = key
-        res[f"{pas}_s"][li] = s.makespan_s
-        res[f"sequential_{pas}_s"][li] = float(prob.intra_latency_s.sum())
-        res["num_ops"][pas][li] = prob.num_ops
-    res["unique"] = len(res["schedules"])
-    res["unique_forward"] = len(set(res["keys"]["forward"]))
-    res["unique_backward"] = len(set(res["keys"]["backward"]))
-    return res
 
 
 __all__ = [
-    "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerProblem", "LayerSchedule",
-    "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "exhaustive_schedule",
-    "greedy_schedule", "layer_problems", "schedule_cache_key", "schedule_layers", "sequential_schedule",
-    "solve_layer",
+    "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
+    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "exhaustive_schedule",
+    "greedy_schedule", "layer_problems", "plan_layer_schedules", "schedule_cache_key", "schedule_layers",
+    "sequential_schedule", "solve_layer",
 ]
