@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/graph_capture.py
 
 run: $(STAMP)
-	$(BIN)/archplace graph bert-large
+	$(BIN)/archplace search bert-large
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,7 +8,9 @@ Why this shape:
   Keys are routed to a fixed solver actor (key hash modulo pool size) and every solver actor
   consults the one ``ScheduleCache`` actor before solving, so a slice solved once is never solved
   again by any trial, even one that asked for it concurrently (the actor serialises its calls).
-- Actors are named (``{prefix}-solver-{i}``); a caller that finds one dead re-creates it under the
+- Actors are named (``{prefix}-solver-{i}``) and detached, so that one re-created by a trial
+  outlives that trial; the driver kills them when the search ends (and ``--resume`` kills those a
+  killed driver left behind). A caller that finds one dead re-creates it under the
   same name (``get_if_exists``) and resends the request, so killing an actor mid-search costs a
   re-solve at most, never the search. The cache lives in its own actor and survives that.
 """
@@ -46,8 +48,13 @@ class ScheduleCache:
     def __init__(self) -> None:
         self._makespan: dict[str, float] = {}
         self._status: dict[str, str] = {}
+        self._starts: dict[str, int] = {}
         self.lookups = 0
         self.hits = 0
+
+    def register(self, name: str) -> None:
+        """A solver actor started (again, if it was killed): counted per name."""
+        self._starts[name] = self._starts.get(name, 0) + 1
 
     def get_many(self, keys: list[str]) -> dict[str, float]:
         self.lookups += len(keys)
@@ -60,7 +67,9 @@ class ScheduleCache:
         self._status[key] = status
 
     def stats(self) -> dict[str, int]:
-        return {"entries": len(self._makespan), "lookups": self.lookups, "hits": self.hits}
+        return {"entries": len(self._makespan), "lookups": self.lookups, "hits": self.hits,
+                "solver_starts": sum(self._starts.values()),
+                "solver_restarts": sum(n - 1 for n in self._starts.values())}
 
 
 @ray.remote
@@ -70,6 +79,7 @@ class SolverActor:
     def __init__(self, pools: Pools) -> None:
         self._pools = pools
         self.solved = 0
+        ray.get(pools.cache().register.remote(ray.get_runtime_context().get_actor_name() or "?"))
 
     def solve(self, key: str, problem: Any, settings: dict[str, Any]) -> dict[str, Any]:
         from ..algorithms.solvers.layer_ilp import solve_layer
@@ -175,29 +185,36 @@ class Pools:
     # ------------------------------------------------------------------ creation / lookup
     def cache(self):
         return ScheduleCache.options(name=self.cache_name, namespace=NAMESPACE, get_if_exists=True,
-                                     max_restarts=-1, scheduling_strategy="DEFAULT").remote()
+                                     lifetime="detached", scheduling_strategy="DEFAULT").remote()
 
     def solver(self, i: int):
         return SolverActor.options(name=self.solver_name(i), namespace=NAMESPACE, get_if_exists=True,
-                                   num_cpus=SOLVER_CPUS, scheduling_strategy="SPREAD",
+                                   lifetime="detached", num_cpus=SOLVER_CPUS, scheduling_strategy="SPREAD",
                                    max_concurrency=1).remote(self)
 
     def simulator(self, i: int):
         return SimulatorActor.options(name=self.simulator_name(i), namespace=NAMESPACE, get_if_exists=True,
-                                      num_cpus=SIMULATOR_CPUS, scheduling_strategy="SPREAD").remote()
+                                      lifetime="detached", num_cpus=SIMULATOR_CPUS,
+                                      scheduling_strategy="SPREAD").remote()
 
     def start(self) -> dict[str, Any]:
         """Create every actor and wait until they are up; returns where each one runs."""
         ray.get(self.cache().__ray_ready__.remote())
-        solvers = [self.solver(i) for i in range(self.num_solvers)]
-        sims = [self.simulator(i) for i in range(self.num_simulators)]
-        where = ray.get([s.where.remote() for s in solvers])
-        ray.get([s.__ray_ready__.remote() for s in sims])
+        for i in range(self.num_solvers):
+            self.solver(i)
+        for i in range(self.num_simulators):
+            self.simulator(i)
+        where = [call_with_restart(self, "solver", i, "where")[0] for i in range(self.num_solvers)]
+        for i in range(self.num_simulators):
+            call_with_restart(self, "simulator", i, "__ray_ready__")
         return {"solvers": where}
 
-    def stop(self) -> None:
-        names = ([self.solver_name(i) for i in range(self.num_solvers)]
-                 + [self.simulator_name(i) for i in range(self.num_simulators)] + [self.cache_name])
+    def stop(self, max_index: int | None = None) -> None:
+        """Kill this search's actors (``max_index`` covers pools that were larger)."""
+        n_sol = max(self.num_solvers, max_index or 0)
+        n_sim = max(self.num_simulators, max_index or 0)
+        names = ([self.solver_name(i) for i in range(n_sol)]
+                 + [self.simulator_name(i) for i in range(n_sim)] + [self.cache_name])
         for n in names:
             try:
                 ray.kill(ray.get_actor(n, namespace=NAMESPACE))

@@ -65,13 +65,7 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
     An unreachable address is a one-line ValueError, not a hang or a traceback."""
     import ray
 
-    if ray.is_initialized():
-        return
-    kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
-    if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
-        return
-    if address != "auto":
+    if address is not None and address != "auto":
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"--address must be 'auto' or HOST:PORT, got {address!r}")
@@ -80,6 +74,12 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         except OSError as e:
             raise ValueError(f"--address {address}: cannot reach a Ray cluster there ({e.strerror or e})"
                              ) from None
+    if ray.is_initialized():
+        return
+    kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
+        return
     try:
         ray.init(address=address, **kw)
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -145,8 +145,7 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
             space = enumerate_space(settings.space_path)
             idx = nearest_index(space, trial.config)
             acc = space.accelerator(idx)
-            err = trial.get_error()
-            text = str(err).strip().splitlines() if err is not None else []
+            text = _error_text(trial).strip().splitlines()
             msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
                        text[-1] if text else "evaluation failed")
             rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
@@ -158,6 +157,19 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
                 progress.update(None, failed=True)
 
     return StoreCallback()
+
+
+def _error_text(trial) -> str:
+    """The trial's last error as text (Tune keeps it pickled and as a text file)."""
+    for get in (lambda: trial.get_pickled_error(), lambda: Path(trial.error_file).read_text(),
+                lambda: trial.get_error()):
+        try:
+            err = get()
+        except Exception:
+            continue
+        if err is not None and str(err).strip():
+            return str(err)
+    return ""
 
 
 # ---------------------------------------------------------------------- the search
@@ -172,6 +184,7 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     meta_new = {"settings": settings.to_dict(), "searcher": searcher, "seed": seed, "hysteresis": hysteresis,
                 "area_bucket_mm2": area_bucket_mm2, "models": list(settings.models),
                 "num_devices": settings.num_devices, "global_batch": settings.global_batch}
+    meta_new = json.loads(json.dumps(meta_new))  # compare as stored: lists, not tuples
     if store.holds_search():
         if not resume:
             raise ValueError(f"--out {out} already holds a search; pass --resume to continue it or choose "
@@ -194,6 +207,10 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     from .trial import search_trainable
 
     connect(address, num_cpus=None)
+    if resume and store.settings_path.exists():
+        old_prefix = store.read_meta().get("actor_prefix")
+        if old_prefix:  # a killed driver leaves its detached actors behind
+            Pools(old_prefix, 0, 0).stop(max_index=int(store.read_meta().get("workers", 64)))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     W = max(1, min(workers or cpus, max(remaining, 1)))
     pools = Pools(f"search-{uuid.uuid4().hex[:8]}", num_solvers=W, num_simulators=max(1, math.ceil(W / 2)))
@@ -216,7 +233,8 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
         trainable = tune.with_resources(
             tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), pools=pools,
                                  out_dir=str(out), faults=os.environ.get(FAULT_ENV, "")),
-            {"cpu": TRIAL_CPUS})
+            # SPREAD: on a cluster, successive trials go to the least-loaded node
+            tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}], strategy="SPREAD"))
         tuner = tune.Tuner(
             trainable, param_space={"searcher": searcher},  # non-empty, so Tune passes metric/mode on
             tune_config=tune.TuneConfig(search_alg=alg, metric=METRIC, mode="max", num_samples=remaining,

@@ -1,0 +1,116 @@
+"""Architectures evaluated per minute by `archplace search` with 1 and 2 workers, and the overhead
+of the Ray path against a plain in-process loop over the same architectures.
+
+The three runs evaluate the same first N architectures of the Phaze order (grid searcher with the
+same budget would differ; Phaze's order is deterministic). The in-process loop uses the same
+functional core (prepare_layers + sweep, CP-SAT with one worker, the same ILP time limit), with
+its schedule cache cleared first; graph building is included in both paths.
+
+Targets (issue 5): 2-worker / 1-worker throughput ratio >= 1.7 on the 2-core machine; Ray path
+overhead <= 15 % against the in-process loop.
+
+    python bench/search_scaling.py [--models bert-large] [--budget 8] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def in_process(settings, budget: int) -> dict:
+    from archplace.algorithms.solvers.layer_ilp import clear_schedule_cache
+    from archplace.algorithms.solvers.throughput import prepare_layers, sweep
+    from archplace.hardware.space import enumerate_space
+
+    clear_schedule_cache()
+    space = enumerate_space(settings.space_path)
+    t0 = time.perf_counter()
+    tps = {}
+    for i in range(budget):
+        acc = space.accelerator(i)
+        vals = []
+        for m in settings.models:
+            layers, _, _ = prepare_layers(m, acc, settings.microbatches, settings.widths(m),
+                                          settings.num_devices, settings.global_batch, settings.optimizer,
+                                          settings.link_bw_bytes_per_s, settings.seq,
+                                          time_limit_s=settings.ilp_time_limit_s, num_workers=1)
+            best, _ = sweep(layers["ilp"], settings.num_devices, settings.global_batch, settings.hbm_gb,
+                            settings.recompute, settings.link_bw_bytes_per_s)
+            vals.append(best.throughput if best.feasible else 0.0)
+        tps[i] = sum(vals) / len(vals)
+    return {"wall_s": time.perf_counter() - t0, "throughput_avg": tps}
+
+
+def on_ray(settings, budget: int, workers: int) -> dict:
+    import pyarrow.parquet as pq
+
+    from archplace.platform.search import run_search
+
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        res = run_search(settings, Path(d) / "s", searcher="phaze", budget=budget, workers=workers,
+                         progress=False, report=False)
+        wall = time.perf_counter() - t0
+        rows = pq.read_table(Path(d) / "s" / "evaluations.parquet").to_pylist()
+    by = {}
+    for r in rows:
+        by.setdefault(r["space_index"], []).append(r["throughput"])
+    return {"wall_s": wall, "search_wall_s": res["stats"]["wall_s"], "evaluated": res["evaluated"],
+            "throughput_avg": {i: sum(v) / len(v) for i, v in by.items()}, "cache": res["stats"].get("cache")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="bert-large")
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--microbatches", default="1,2")
+    ap.add_argument("--tmp-widths", default="1,2")
+    ap.add_argument("--ilp-time-limit", type=float, default=10.0)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "search_scaling.json"))
+    args = ap.parse_args()
+
+    import ray
+
+    from archplace.platform.trial import SearchSettings
+
+    models = tuple(args.models.split(","))
+    widths = tuple(int(t) for t in args.tmp_widths.split(","))
+    settings = SearchSettings(models=models, microbatches=tuple(int(m) for m in args.microbatches.split(",")),
+                              hbm_gb=(32, 64, 80), tmp_widths={m: widths for m in models},
+                              ilp_time_limit_s=args.ilp_time_limit)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    runs = {"in_process": in_process(settings, args.budget)}
+    for w in (1, 2):
+        runs[f"ray_{w}_worker"] = on_ray(settings, args.budget, w)
+    ray.shutdown()
+
+    per_min = {k: args.budget / v["wall_s"] * 60 for k, v in runs.items()}
+    ratio = per_min["ray_2_worker"] / per_min["ray_1_worker"]
+    overhead = runs["ray_1_worker"]["wall_s"] / runs["in_process"]["wall_s"] - 1
+    agree = all(abs(runs["ray_1_worker"]["throughput_avg"][i] - runs["in_process"]["throughput_avg"][i])
+                <= 1e-9 * max(1.0, runs["in_process"]["throughput_avg"][i]) for i in range(args.budget))
+    print(f"{'run':16s} {'wall s':>8s} {'archs/min':>10s}")
+    for k, v in runs.items():
+        print(f"{k:16s} {v['wall_s']:8.1f} {per_min[k]:10.2f}")
+    print(f"\n2-worker / 1-worker: {ratio:.2f}x (target >= 1.7)")
+    print(f"Ray path (1 worker) overhead vs in-process loop: {overhead:+.1%} (target <= 15%)")
+    print(f"same throughput on every architecture (Ray 1 worker vs in-process): {agree}")
+    out = {"models": list(models), "budget": args.budget, "settings": settings.to_dict(),
+           "machine": {"cpus": 2, "python": sys.version.split()[0], "platform": platform.platform()},
+           "runs": {k: {kk: vv for kk, vv in v.items() if kk != "throughput_avg"}
+                    | {"archs_per_min": per_min[k]} for k, v in runs.items()},
+           "ratio_2_over_1": ratio, "overhead_ray_1_vs_in_process": overhead, "results_agree": agree}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
