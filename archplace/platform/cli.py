@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--global-batch", type=int, default=4096)
     se.add_argument("--searcher", default="phaze",
                     help="phaze (area order + hysteresis), optuna, random, grid")
-    se.add_argument("--budget", type=int, default=12, help="most architectures to evaluate")
+    se.add_argument("--budget", type=int, default=16, help="most architectures to evaluate")
     se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
     se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
     se.add_argument("--resume", action="store_true", help="continue the search in --out")
@@ -390,10 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--recompute", choices=sorted(RECOMPUTE), default="both")
     se.add_argument("--seq", type=int, default=None)
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
-    se.add_argument("--ilp-time-limit", type=float, default=10.0, help="seconds per layer ILP")
+    se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
     se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
     se.add_argument("--hysteresis", type=int, default=6)
-    se.add_argument("--area-bucket", type=float, default=0.01, help="Phaze area bucket in mm²")
+    se.add_argument("--area-bucket", type=float, default=0.01,
+                    help="Phaze area bucket in mm² (0 = exact areas)")
     se.add_argument("--seed", type=int, default=0)
     se.add_argument("--max-failures", type=int, default=2, help="retries of a failing trial")
     se.add_argument("--json", action="store_true")

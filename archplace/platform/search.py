@@ -9,6 +9,7 @@ reloads the store, feeds the finished evaluations to the searcher and only evalu
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -84,7 +85,9 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(address=address, **kw)
     except (ConnectionError, RuntimeError, ValueError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg}") from None
+        raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
+                         "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
+                         ) from None
 
 
 # ---------------------------------------------------------------------- progress
@@ -173,7 +176,7 @@ def _error_text(trial) -> str:
 
 
 # ---------------------------------------------------------------------- the search
-def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str = "phaze", budget: int = 12,
+def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str = "phaze", budget: int = 16,
                address: str | None = None, resume: bool = False, workers: int | None = None, seed: int = 0,
                hysteresis: int = 6, area_bucket_mm2: float = 0.01, max_failures: int = 2,
                progress: bool = True, report: bool = True) -> dict[str, Any]:
@@ -206,6 +209,10 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     from .pools import NAMESPACE, TRIAL_CPUS, Pools
     from .trial import search_trainable
 
+    # our progress line replaces Tune's tables; failed trials are recorded with their error, so
+    # Tune's own tracebacks stay in its logs (DIR/tune) rather than on the terminal
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     connect(address, num_cpus=None)
     if resume and store.settings_path.exists():
         old_prefix = store.read_meta().get("actor_prefix")

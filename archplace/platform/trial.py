@@ -39,7 +39,7 @@ class SearchSettings:
     seq: int | None = None
     optimizer: str = "sgd"
     link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
-    ilp_time_limit_s: float = 10.0
+    ilp_time_limit_s: float = 5.0
     space_path: str | None = None
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
 

@@ -1,0 +1,105 @@
+"""Real two-node Ray clusters (``ray start`` head + worker on 127.0.0.1, token auth on) driven
+through the Ray Jobs API, as a user would drive a cluster brought up by deploy/cluster.yaml."""
+
+import shlex
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pa
+import pytest
+from cluster_util import REPO_ROOT, ClusterInfo, ray_executable, two_node_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _needs_ray_cli():
+    if ray_executable() is None:
+        pytest.skip("the `ray` executable is not installed")
+
+
+def run_job(cluster: ClusterInfo, entrypoint: str, timeout: float) -> tuple[str, str]:
+    """Submit ``entrypoint`` through the Jobs API with the cluster's token, wait for a terminal
+    status, and return (status, logs)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.headers)
+    t0 = time.monotonic()
+    job_id = client.submit_job(entrypoint=entrypoint)
+    deadline = t0 + timeout
+    status = client.get_job_status(job_id)
+    while not status.is_terminal() and time.monotonic() < deadline:
+        time.sleep(1.0)
+        status = client.get_job_status(job_id)
+    if not status.is_terminal():
+        client.stop_job(job_id)
+    logs = client.get_job_logs(job_id)
+    print(f"job {job_id}: {status} after {time.monotonic() - t0:.0f} s")
+    assert status == JobStatus.SUCCEEDED, (
+        f"job {job_id} ended {status} after <= {timeout:.0f} s\n--- job logs ---\n{logs[-6000:]}\n"
+        f"{client.get_job_info(job_id).message}\n{cluster.logs()}")
+    return str(status), logs
+
+
+NODE_PROBE = textwrap.dedent("""
+    import ray
+
+    ray.init(address="auto")
+    print("DRIVER_NODE", ray.get_runtime_context().get_node_id(), flush=True)
+
+    @ray.remote(num_cpus=0.1, resources={"archplace_worker": 0.1})
+    def on_worker():
+        return ray.get_runtime_context().get_node_id()
+
+    @ray.remote(num_cpus=0.1)
+    def anywhere():
+        return ray.get_runtime_context().get_node_id()
+
+    for node in ray.get([on_worker.remote() for _ in range(4)]):
+        print("WORKER_TASK_NODE", node, flush=True)
+    for node in ray.get([anywhere.options(scheduling_strategy="SPREAD").remote() for _ in range(4)]):
+        print("PLAIN_TASK_NODE", node, flush=True)
+""")
+
+
+def _ids(logs: str, tag: str) -> list[str]:
+    return [line.split()[1] for line in logs.splitlines() if line.startswith(tag + " ")]
+
+
+def test_two_node_cluster_runs_tasks_on_both_nodes(tmp_path):
+    script = tmp_path / "node_probe.py"
+    script.write_text(NODE_PROBE)
+    with two_node_cluster(tmp_path, head_cpus=1, worker_cpus=1) as cluster:
+        assert cluster.head_node_id and cluster.worker_node_id
+        assert cluster.head_node_id != cluster.worker_node_id
+        _, logs = run_job(cluster, f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", timeout=120)
+
+    assert _ids(logs, "DRIVER_NODE") == [cluster.head_node_id], logs  # Jobs run their driver on the head
+    assert set(_ids(logs, "WORKER_TASK_NODE")) == {cluster.worker_node_id}, logs
+    assert len(_ids(logs, "PLAIN_TASK_NODE")) == 4, logs
+    seen = set(_ids(logs, "DRIVER_NODE") + _ids(logs, "WORKER_TASK_NODE") + _ids(logs, "PLAIN_TASK_NODE"))
+    assert seen == {cluster.head_node_id, cluster.worker_node_id}, logs
+
+
+def test_search_job_on_two_node_cluster(tmp_path):
+    out = tmp_path / "search-out"
+    args = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--budget", "4", "--workers", "2",
+            "--microbatches", "1", "--hbm", "32", "--ilp-time-limit", "5", "--out", str(out)]
+    entrypoint = (f"cd {shlex.quote(str(REPO_ROOT))} && {shlex.quote(sys.executable)} deploy/search_job.py "
+                  + " ".join(shlex.quote(a) for a in args))
+    # 2 logical CPUs a node: room for the SPREAD solver/simulator actors and the 0.2-CPU trials.
+    with two_node_cluster(tmp_path, head_cpus=2, worker_cpus=2) as cluster:
+        # The job has taken 25-330 s on a 2-core machine (search versions, machine load): headroom.
+        _, logs = run_job(cluster, entrypoint, timeout=540)
+
+    table = pa.read_table(Path(out) / "evaluations.parquet").to_pydict()
+    ok = [i for i, s in enumerate(table["status"]) if s == "ok"]
+    assert len(ok) >= 4, f"{len(ok)} ok rows of {len(table['status'])}\n{logs[-4000:]}"
+    node_ids = set(table["node_id"])
+    where = f"trial node ids {node_ids}; head {cluster.head_node_id}, worker {cluster.worker_node_id}"
+    assert len(node_ids) >= 2, where
+    assert {cluster.head_node_id, cluster.worker_node_id} <= node_ids, where
+    assert all(table["hostname"]), table["hostname"]
+    assert (Path(out) / "best.json").is_file()
