@@ -68,10 +68,10 @@ def on_ray(settings, budget: int, workers: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="bert-large")
-    ap.add_argument("--budget", type=int, default=8)
-    ap.add_argument("--microbatches", default="1,2")
-    ap.add_argument("--tmp-widths", default="1,2")
-    ap.add_argument("--ilp-time-limit", type=float, default=10.0)
+    ap.add_argument("--budget", type=int, default=12)
+    ap.add_argument("--microbatches", default="1,2,4,8")
+    ap.add_argument("--tmp-widths", default="", help="default: each model's own (bert-large: 1,2,4,8)")
+    ap.add_argument("--ilp-time-limit", type=float, default=5.0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "search_scaling.json"))
     args = ap.parse_args()
 
@@ -80,9 +80,9 @@ def main() -> int:
     from archplace.platform.trial import SearchSettings
 
     models = tuple(args.models.split(","))
-    widths = tuple(int(t) for t in args.tmp_widths.split(","))
+    widths = {m: tuple(int(t) for t in args.tmp_widths.split(",")) for m in models} if args.tmp_widths else {}
     settings = SearchSettings(models=models, microbatches=tuple(int(m) for m in args.microbatches.split(",")),
-                              hbm_gb=(32, 64, 80), tmp_widths={m: widths for m in models},
+                              hbm_gb=(32, 64, 80), tmp_widths=widths,
                               ilp_time_limit_s=args.ilp_time_limit)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     runs = {"in_process": in_process(settings, args.budget)}
@@ -93,19 +93,23 @@ def main() -> int:
     per_min = {k: args.budget / v["wall_s"] * 60 for k, v in runs.items()}
     ratio = per_min["ray_2_worker"] / per_min["ray_1_worker"]
     overhead = runs["ray_1_worker"]["wall_s"] / runs["in_process"]["wall_s"] - 1
-    agree = all(abs(runs["ray_1_worker"]["throughput_avg"][i] - runs["in_process"]["throughput_avg"][i])
-                <= 1e-9 * max(1.0, runs["in_process"]["throughput_avg"][i]) for i in range(args.budget))
+    # equal unless a layer ILP hit its time limit (then CP-SAT's incumbent depends on timing)
+    rel = [abs(runs["ray_1_worker"]["throughput_avg"][i] / runs["in_process"]["throughput_avg"][i] - 1)
+           for i in range(args.budget) if runs["in_process"]["throughput_avg"][i] > 0]
+    agree = max(rel, default=0.0) <= 1e-9
     print(f"{'run':16s} {'wall s':>8s} {'archs/min':>10s}")
     for k, v in runs.items():
         print(f"{k:16s} {v['wall_s']:8.1f} {per_min[k]:10.2f}")
     print(f"\n2-worker / 1-worker: {ratio:.2f}x (target >= 1.7)")
     print(f"Ray path (1 worker) overhead vs in-process loop: {overhead:+.1%} (target <= 15%)")
-    print(f"same throughput on every architecture (Ray 1 worker vs in-process): {agree}")
+    print(f"same throughput on every architecture (Ray 1 worker vs in-process): {agree} "
+          f"(largest relative difference {max(rel, default=0.0):.2e})")
     out = {"models": list(models), "budget": args.budget, "settings": settings.to_dict(),
            "machine": {"cpus": 2, "python": sys.version.split()[0], "platform": platform.platform()},
            "runs": {k: {kk: vv for kk, vv in v.items() if kk != "throughput_avg"}
                     | {"archs_per_min": per_min[k]} for k, v in runs.items()},
-           "ratio_2_over_1": ratio, "overhead_ray_1_vs_in_process": overhead, "results_agree": agree}
+           "ratio_2_over_1": ratio, "overhead_ray_1_vs_in_process": overhead, "results_agree": agree,
+           "max_rel_diff_ray_vs_in_process": max(rel, default=0.0)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {args.out}")

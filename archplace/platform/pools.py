@@ -27,7 +27,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 NAMESPACE = "archplace"
-# logical CPU shares: W trials + W solvers + ceil(W/2) simulators + DP tasks fit in W CPUs
+# logical CPU shares: W trials + W solvers + W simulators (0.8 W) leave 0.2 W for the DP tasks
 TRIAL_CPUS = 0.2
 SOLVER_CPUS = 0.4
 SIMULATOR_CPUS = 0.2

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import sys
@@ -219,8 +218,10 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
         if old_prefix:  # a killed driver leaves its detached actors behind
             Pools(old_prefix, 0, 0).stop(max_index=int(store.read_meta().get("workers", 64)))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    W = max(1, min(workers or cpus, max(remaining, 1)))
-    pools = Pools(f"search-{uuid.uuid4().hex[:8]}", num_solvers=W, num_simulators=max(1, math.ceil(W / 2)))
+    # one worker = one trial + one solver + one simulator (0.8 CPU): more workers than CPUs would
+    # leave actors unschedulable, so the pool is capped at the cluster's CPUs
+    W = max(1, min(workers or cpus, cpus, max(remaining, 1)))
+    pools = Pools(f"search-{uuid.uuid4().hex[:8]}", num_solvers=W, num_simulators=W)
     meta = {**meta_new, "actor_prefix": pools.prefix, "namespace": NAMESPACE, "workers": W,
             "budget": budget, "started_at": time.time()}
     store.write_meta(meta)

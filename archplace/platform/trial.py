@@ -98,7 +98,8 @@ def evaluate_model(acc, model: str, settings: SearchSettings, pools: Pools) -> d
     if not cases:
         raise ValueError(f"no microbatch in {list(settings.microbatches)} divides the global batch "
                          f"{settings.global_batch}")
-    sim = _stable_hash(model) % pools.num_simulators
+    # spread trials over the simulators (each keeps its own graphs), so one model's trials do not queue
+    sim = _stable_hash(f"{model}|{arch_key(acc)}") % pools.num_simulators
     prep, sim_restarts = call_with_restart(pools, "simulator", sim, "prepare", model, acc.to_dict(),
                                            cases, settings.seq, settings.optimizer,
                                            settings.link_bw_bytes_per_s, ilp)
