@@ -1,0 +1,121 @@
+"""Search baselines for multi-chip-module partitioning (spec ``mcm.md`` §4), all through the
+constraint solver so that every sample is a statically valid partition:
+
+* greedy: the O(N) compiler-style heuristic (fill chips in topological order up to an equal share
+  of compute), repaired with FIX; its throughput is the denominator of every improvement ratio;
+* random search: a uniform distribution p(y_i = j) = 1/C, partitions drawn by the solver in
+  SAMPLE mode (paper §5.1);
+* simulated annealing: starts from the uniform distribution; each step redraws the distribution
+  of a random subset of nodes, the solver samples a partition from it, and the new distribution is
+  accepted by the Metropolis rule on relative throughput under a geometric temperature schedule.
+
+One sample = one evaluated partition, the unit of the paper's Table 2. No Ray here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...simulators.mcm import MCMProblem, evaluate, greedy_partition
+from ..solvers.mcm_repair import MCMRepairer
+
+
+@dataclass
+class SearchTrace:
+    """Best-so-far throughput after every sample, and the best partition."""
+
+    method: str
+    best_so_far: np.ndarray  # samples/s after sample 1..n
+    best_partition: np.ndarray | None
+    valid_samples: int
+    wall_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return len(self.best_so_far)
+
+    @property
+    def best(self) -> float:
+        return float(self.best_so_far[-1]) if len(self.best_so_far) else 0.0
+
+    def samples_to_reach(self, target: float) -> int | None:
+        """First sample count whose best-so-far reaches ``target`` (None if never)."""
+        hit = np.flatnonzero(self.best_so_far >= target)
+        return int(hit[0]) + 1 if len(hit) else None
+
+
+def _repairer(problem: MCMProblem) -> MCMRepairer:
+    return MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
+
+
+def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = None
+           ) -> tuple[np.ndarray, float]:
+    """The greedy heuristic's partition after FIX repair, and its throughput."""
+    rep = repairer or _repairer(problem)
+    y = greedy_partition(problem)
+    res = rep.repair("fix", y=y, seed=seed)
+    if res.partition is None:
+        raise RuntimeError(f"FIX repair of the greedy partition ended {res.status}")
+    return res.partition, float(evaluate(problem, res.partition).throughput[0])
+
+
+def random_search(problem: MCMProblem, samples: int, seed: int = 0,
+                  repairer: MCMRepairer | None = None) -> SearchTrace:
+    """Uniform distribution through SAMPLE repair (the paper's Random)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    rep = repairer or _repairer(problem)
+    probs = np.full((problem.num_nodes, problem.num_chips), 1.0 / problem.num_chips)
+    t0 = time.perf_counter()
+    best, best_part, valid = 0.0, None, 0
+    trace = np.zeros(samples)
+    for k in range(samples):
+        res = rep.repair("sample", probs=probs, seed=seed * 1_000_003 + k)
+        tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
+        valid += tp > 0
+        if tp > best:
+            best, best_part = tp, res.partition
+        trace[k] = best
+    return SearchTrace("random", trace, best_part, valid, time.perf_counter() - t0)
+
+
+def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset_fraction: float = 0.1,
+                        temp_start: float = 0.05, temp_end: float = 0.001,
+                        repairer: MCMRepairer | None = None) -> SearchTrace:
+    """SA over per-node distributions (paper §5.1). A move redraws the distributions of
+    ``subset_fraction`` of the nodes from a flat Dirichlet; the solver samples a partition from the
+    new distributions; it is accepted with probability min(1, exp((T_new/T_cur - 1) / temp)), temp
+    falling geometrically from ``temp_start`` to ``temp_end`` (relative throughput units)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if not 0 < subset_fraction <= 1:
+        raise ValueError(f"subset_fraction must be in (0, 1], got {subset_fraction}")
+    rep = repairer or _repairer(problem)
+    rng = np.random.default_rng(seed)
+    n, c = problem.num_nodes, problem.num_chips
+    probs = np.full((n, c), 1.0 / c)
+    k_nodes = max(1, int(round(subset_fraction * n)))
+    t0 = time.perf_counter()
+    cur = best = 0.0
+    best_part, valid, accepted = None, 0, 0
+    trace = np.zeros(samples)
+    for k in range(samples):
+        temp = temp_start * (temp_end / temp_start) ** (k / max(samples - 1, 1))
+        cand = probs.copy()
+        if k > 0:
+            nodes = rng.choice(n, size=k_nodes, replace=False)
+            cand[nodes] = rng.dirichlet(np.ones(c), size=k_nodes)
+        res = rep.repair("sample", probs=cand, seed=int(rng.integers(2**31)))
+        tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
+        valid += tp > 0
+        if tp > best:
+            best, best_part = tp, res.partition
+        if k == 0 or tp >= cur or (cur > 0 and rng.random() < np.exp((tp / cur - 1.0) / temp)):
+            probs, cur = cand, tp
+            accepted += 1
+        trace[k] = best
+    return SearchTrace("sa", trace, best_part, valid, time.perf_counter() - t0, {"accepted": accepted})
