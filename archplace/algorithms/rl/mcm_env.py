@@ -1,0 +1,293 @@
+"""The MCM partitioning environment: iterative refinement (paper Eq. 7) with constraint repair.
+
+One episode is ``rounds`` (T) steps on one graph. At step t the agent emits a full assignment y^(t)
+(``MultiDiscrete([C] * N_max)``, entries past the graph's N ignored); the environment repairs it into
+a statically valid y'^(t) (``repair="fix"``, the paper's best, or ``"sample"``; ``"none"`` evaluates y
+as is, the paper's RL-without-solver baseline), evaluates y'^(t) with the analytical cost model
+(:func:`archplace.simulators.mcm.evaluate`, memory included) and returns
+
+    reward = throughput(y'^(t)) / throughput(greedy after FIX repair)
+
+(0 when y' is invalid, i.e. fails memory, or the repair found nothing). The next observation carries
+y'^(t-1) in ``prev`` and t / T in ``round`` (the value function needs to know how many rewards are
+left: without it PPO's advantages are dominated by the step index and nothing is learnt at T = 4);
+y'^(0) is the greedy-repaired partition (``init="greedy"``, our choice: the paper
+leaves y^(0) open) or all zeros (``init="zeros"``). The PPO log-probability is that of y, the sampled
+action: the solver is part of the environment (spec §2.3 option (a)).
+
+Design choices the paper leaves open (all ours):
+
+* node features ``x`` (F = 8, :data:`FEATURES`): time_s / max time_s; time_s · C / total time (its
+  share of a balanced chip, clipped at 4); out_bytes and weight_bytes / SRAM (clipped at 4); log1p of
+  in- and out-degree / 2; topological position / N; compute time before the op in ``topo`` / total
+  (where a time-balanced pipeline would cut);
+* SAMPLE mode needs P, which an environment does not see: it gets ``0.9 · onehot(y) + 0.1 / C``;
+* the normaliser is the throughput of the greedy partition after FIX repair (:meth:`greedy_part`,
+  computed on a graph's first visit); if that is invalid (memory), it is ``1 / sum(time_s)``, the
+  throughput of a single chip without memory limits;
+* FIX keeps every node of a statically valid y, so such a y is not sent to the solver (same result,
+  no solver call); a repair that fails (time limit, status ``"unknown"``) gives reward 0 and leaves
+  ``prev`` unchanged;
+* graphs are visited round-robin (``select="round_robin"``) or at random (``"random"``);
+  ``reset(options={"graph": i})`` picks graph i.
+
+``info`` per step: ``raw_valid`` (y itself valid, memory included), ``repaired_valid``, ``throughput``
+(of y'), ``reward``, ``changed`` (nodes the repair moved), ``samples`` (1: one evaluation is one
+sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``.
+The best partition found per graph is kept in :attr:`MCMPartitionEnv.best` (name -> (throughput,
+partition)) and the per-graph best-so-far curve in :attr:`MCMPartitionEnv.history`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ...hardware.presets import mcm_package
+from ...simulators.mcm import MCMProblem, evaluate, greedy_partition, static_valid
+from ...workloads.graph import OpGraph
+from ..solvers.mcm_repair import repair
+
+FEATURES = ("time_rel_max", "time_share", "out_bytes_sram", "weight_bytes_sram", "log_in_degree",
+            "log_out_degree", "topo_position", "time_before")
+REPAIR_MODES = ("fix", "sample", "none")
+
+
+def to_problems(graphs: Any, num_chips: int = 36) -> tuple[list[MCMProblem], list[str]]:
+    """``graphs`` (MCMProblems, OpGraphs, CorpusGraphs, or a ``{split: [...]}`` dict of them) as
+    problems on ``num_chips`` chips, with names."""
+    if isinstance(graphs, dict):
+        graphs = [g for split in graphs.values() for g in split]
+    if isinstance(graphs, MCMProblem | OpGraph) or hasattr(graphs, "graph"):
+        graphs = [graphs]
+    problems, names = [], []
+    package = mcm_package(num_chips)
+    for i, g in enumerate(graphs):
+        if isinstance(g, MCMProblem):
+            if g.num_chips != num_chips:
+                raise ValueError(f"graph {i}: MCMProblem has {g.num_chips} chips, the env {num_chips}")
+            problems.append(g)
+            names.append(f"problem{i}")
+        elif isinstance(g, OpGraph):
+            problems.append(MCMProblem.from_graph(g, package))
+            names.append(str(g.meta.get("model", f"graph{i}")))
+        elif hasattr(g, "graph") and hasattr(g, "name"):  # a CorpusGraph
+            problems.append(MCMProblem.from_graph(g.graph, package))
+            names.append(str(g.name))
+        else:
+            raise ValueError(f"graph {i}: expected MCMProblem, OpGraph or CorpusGraph, "
+                             f"got {type(g).__name__}")
+    if not problems:
+        raise ValueError("MCMPartitionEnv config 'graphs' is empty")
+    seen: set[str] = set()
+    for i, name in enumerate(names):  # a graph given twice gets two names (best / history keys)
+        if name in seen:
+            names[i] = name = f"{name}#{i}"
+        seen.add(name)
+    return problems, names
+
+
+def node_features(problem: MCMProblem) -> np.ndarray:
+    """``[N, F]`` float32 features (see :data:`FEATURES`)."""
+    n, c = problem.num_nodes, problem.num_chips
+    t = problem.time_s
+    tot = float(t.sum())
+    tmax = float(t.max())
+    indeg = np.bincount(problem.dst, minlength=n)
+    outdeg = np.bincount(problem.src, minlength=n)
+    pos = np.empty(n, dtype=np.int64)
+    pos[problem.topo] = np.arange(n)
+    before = np.zeros(n)
+    before[problem.topo] = np.concatenate([[0.0], np.cumsum(t[problem.topo])[:-1]])
+    sram = problem.sram_bytes
+    x = np.stack([
+        t / tmax if tmax > 0 else np.zeros(n),
+        np.clip(t * c / tot, 0, 4) if tot > 0 else np.zeros(n),
+        np.clip(problem.out_bytes / sram, 0, 4),
+        np.clip(problem.weight_bytes / sram, 0, 4),
+        np.log1p(indeg) / 2,
+        np.log1p(outdeg) / 2,
+        pos / n,
+        before / tot if tot > 0 else pos / n,
+    ], axis=1)
+    return x.astype(np.float32)
+
+
+class MCMPartitionEnv(gym.Env):
+    """See the module docstring. ``config`` keys: ``graphs`` (required), ``num_chips`` (36), ``n_max``
+    and ``e_max`` (default: the largest graph's), ``rounds`` (4), ``repair`` ("fix"), ``seed`` (0),
+    ``select`` ("round_robin"), ``init`` ("greedy"), ``repair_time_limit_s`` (10.0)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        config = dict(config or {})
+        if "graphs" not in config:
+            raise ValueError("MCMPartitionEnv config needs 'graphs'")
+        self.num_chips = int(config.get("num_chips", 36))
+        self.problems, self.names = to_problems(config["graphs"], self.num_chips)
+        n_big = max(p.num_nodes for p in self.problems)
+        e_big = max(p.num_edges for p in self.problems)
+        self.n_max = int(config.get("n_max") or n_big)
+        self.e_max = int(config.get("e_max") or max(e_big, 1))
+        if self.n_max < n_big or self.e_max < e_big:
+            raise ValueError(f"n_max={self.n_max}, e_max={self.e_max} are smaller than the largest graph "
+                             f"({n_big} nodes, {e_big} edges)")
+        self.rounds = int(config.get("rounds", 4))
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        self.repair_mode = str(config.get("repair", "fix"))
+        if self.repair_mode not in REPAIR_MODES:
+            raise ValueError(f"repair is {self.repair_mode!r}; allowed: {list(REPAIR_MODES)}")
+        self.select = str(config.get("select", "round_robin"))
+        if self.select not in ("round_robin", "random"):
+            raise ValueError(f"select is {self.select!r}; allowed: ['round_robin', 'random']")
+        self.init = str(config.get("init", "greedy"))
+        if self.init not in ("greedy", "zeros"):
+            raise ValueError(f"init is {self.init!r}; allowed: ['greedy', 'zeros']")
+        self.time_limit_s = float(config.get("repair_time_limit_s", 10.0))
+        # distinct streams per RLlib env runner / sub-env (EnvContext carries the indices)
+        base = int(config.get("seed", 0))
+        wi, vi = int(getattr(config, "worker_index", 0)), int(getattr(config, "vector_index", 0))
+        self._rng = np.random.default_rng([base, wi, vi])
+
+        c, nm, em = self.num_chips, self.n_max, self.e_max
+        self.observation_space = gym.spaces.Dict({
+            "x": gym.spaces.Box(-np.inf, np.inf, (nm, len(FEATURES)), np.float32),
+            "edge_index": gym.spaces.Box(0, max(nm - 1, 0), (2, em), np.int64),
+            "num_nodes": gym.spaces.Box(0, nm, (1,), np.int64),
+            "num_edges": gym.spaces.Box(0, em, (1,), np.int64),
+            "node_mask": gym.spaces.Box(0.0, 1.0, (nm,), np.float32),
+            "prev": gym.spaces.Box(0, c - 1, (nm,), np.int64),
+            "round": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
+        })
+        self.action_space = gym.spaces.MultiDiscrete(np.full(nm, c, dtype=np.int64))
+
+        self._static = [self._static_obs(p) for p in self.problems]
+        # the greedy baselines are computed on a graph's first visit (a repair per graph is not free)
+        self._greedy: list[np.ndarray | None] = [None] * len(self.problems)
+        self._baseline: list[float | None] = [None] * len(self.problems)
+        self.best: dict[str, tuple[float, np.ndarray]] = {}
+        self.history: dict[str, list[float]] = {n: [] for n in self.names}
+        self.total_samples = 0
+        self._next = 0
+        self._g = 0
+        self._t = 0
+        self._prev = np.zeros(nm, dtype=np.int64)
+
+    # ------------------------------------------------------------------ helpers
+    def _static_obs(self, p: MCMProblem) -> dict[str, np.ndarray]:
+        x = np.zeros((self.n_max, len(FEATURES)), np.float32)
+        x[:p.num_nodes] = node_features(p)
+        ei = np.zeros((2, self.e_max), np.int64)
+        ei[0, :p.num_edges] = p.src
+        ei[1, :p.num_edges] = p.dst
+        mask = np.zeros(self.n_max, np.float32)
+        mask[:p.num_nodes] = 1.0
+        return {"x": x, "edge_index": ei, "num_nodes": np.array([p.num_nodes], np.int64),
+                "num_edges": np.array([p.num_edges], np.int64), "node_mask": mask}
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {**self._static[self._g], "prev": self._prev.copy(),
+                "round": np.array([self._t / self.rounds], np.float32)}
+
+    def _repair(self, p: MCMProblem, y: np.ndarray, mode: str, seed: int):
+        probs = None
+        if mode == "sample":
+            probs = np.full((p.num_nodes, p.num_chips), 0.1 / p.num_chips)
+            probs[np.arange(p.num_nodes), y] += 0.9
+        return repair(p.num_chips, p.src, p.dst, mode=mode, y=y, probs=probs, seed=seed,
+                      time_limit_s=self.time_limit_s)
+
+    def greedy_part(self, i: int) -> np.ndarray:
+        """Graph i's greedy partition after FIX repair (the greedy one itself when it is statically
+        valid: FIX keeps every node of a valid partition). Should FIX fail (time limit) for seeds 0-2,
+        every node goes to chip 0, which is always statically valid."""
+        if self._greedy[i] is None:
+            p = self.problems[i]
+            y0 = greedy_partition(p)
+            part = None
+            if static_valid(p, y0)[0]:
+                part = y0
+            else:
+                for seed in range(3):
+                    res = self._repair(p, y0, "fix", seed)
+                    if res.partition is not None:
+                        part = np.asarray(res.partition, dtype=np.int64)
+                        break
+            self._greedy[i] = np.zeros(p.num_nodes, np.int64) if part is None else part
+        return self._greedy[i]
+
+    def baseline(self, i: int) -> float:
+        """The reward normaliser of graph i: the throughput of :meth:`greedy_part`, or ``1 / sum(time_s)``
+        (one chip, no memory limit) when that partition is invalid."""
+        if self._baseline[i] is None:
+            p = self.problems[i]
+            thr = float(evaluate(p, self.greedy_part(i)).throughput[0])
+            self._baseline[i] = thr if thr > 0 else 1.0 / max(float(p.time_s.sum()), 1e-30)
+        return self._baseline[i]
+
+    @property
+    def problem(self) -> MCMProblem:
+        return self.problems[self._g]
+
+    @property
+    def graph_index(self) -> int:
+        return self._g
+
+    def pad(self, part: np.ndarray) -> np.ndarray:
+        """A partition of the current graph as a full ``[N_max]`` action (zeros past N)."""
+        out = np.zeros(self.n_max, np.int64)
+        out[:len(part)] = part
+        return out
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        if options and "graph" in options:
+            self._g = int(options["graph"])
+        elif self.select == "random":
+            self._g = int(self._rng.integers(len(self.problems)))
+        else:
+            self._g = self._next
+            self._next = (self._next + 1) % len(self.problems)
+        self._t = 0
+        p = self.problems[self._g]
+        self._prev = self.pad(self.greedy_part(self._g) if self.init == "greedy" else np.zeros(p.num_nodes))
+        return self._obs(), {"graph": self.names[self._g]}
+
+    def step(self, action):
+        p, g = self.problems[self._g], self._g
+        n, c = p.num_nodes, p.num_chips
+        y = np.clip(np.asarray(action, dtype=np.int64).reshape(-1)[:n], 0, c - 1)
+        raw = evaluate(p, y)
+        raw_valid = bool(raw.valid[0])
+        status, changed = "none", 0
+        if self.repair_mode == "none":
+            yr, ok = y, True
+        elif self.repair_mode == "fix" and bool(raw.static_ok[0]):
+            yr, ok, status = y, True, "valid"  # FIX keeps every node of a statically valid y
+        else:
+            res = self._repair(p, y, self.repair_mode, int(self._rng.integers(2**31 - 1)))
+            status, changed = str(res.status), int(res.changed)
+            ok = res.partition is not None
+            yr = np.asarray(res.partition, dtype=np.int64) if ok else y
+        ev = raw if yr is y else evaluate(p, yr)
+        thr = float(ev.throughput[0]) if ok else 0.0
+        reward = thr / self.baseline(g)
+        self.total_samples += 1
+        name = self.names[g]
+        if thr > 0 and (name not in self.best or thr > self.best[name][0]):
+            self.best[name] = (thr, yr.copy())
+        self.history[name].append(self.best[name][0] if name in self.best else 0.0)
+        if ok and bool(ev.static_ok[0]):
+            self._prev = self.pad(yr)
+        self._t += 1
+        info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
+                "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
+                "graph": name, "round": self._t, "repair_status": status}
+        return self._obs(), float(reward), self._t >= self.rounds, False, info

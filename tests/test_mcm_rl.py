@@ -1,0 +1,272 @@
+"""MCM partitioning RL: the graph corpus, the GraphSAGE RLModule and the refinement env (the PPO run
+lands with the training pipeline)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from archplace.algorithms.rl.mcm_env import FEATURES, MCMPartitionEnv, node_features
+from archplace.hardware.presets import mcm_package
+from archplace.simulators.mcm import MCMProblem, evaluate, greedy_partition
+from archplace.workloads.corpus import SPLITS, CorpusGraph, mcm_corpus, split_by_family
+from archplace.workloads.synthetic import layered_dag
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[CorpusGraph]:
+    return mcm_corpus(seed=0)
+
+
+# ------------------------------------------------------------------------------------------ corpus
+def test_corpus_size_families_and_split(corpus):
+    assert len(corpus) == 87
+    assert len({g.name for g in corpus}) == len(corpus)
+    sizes = np.array([g.num_nodes for g in corpus])
+    assert sizes.min() >= 10 and sizes.max() <= 400
+    fams = {g.family for g in corpus}
+    assert fams == {"synthetic", "cnn", "rnn", "lstm", "transformer"}
+    split = split_by_family(corpus)
+    assert [len(split[s]) for s in ("train", "validation", "test")] == [66, 5, 16]  # the paper's 66/5/16
+    train_f = {g.family for g in split["train"]}
+    val_f = {g.family for g in split["validation"]}
+    test_f = {g.family for g in split["test"]}
+    assert train_f == {"synthetic", "cnn"} and val_f == {"rnn"} and test_f == {"lstm", "transformer"}
+    assert not (train_f & test_f) and not (train_f & val_f) and not (val_f & test_f)
+    # the real transformers carry attention: a matmul between two activations (no weights)
+    tr = [g for g in split["test"] if g.family == "transformer"]
+    assert len(tr) == 10
+    for g in tr:
+        nd = g.graph.nodes
+        assert ((nd["kind"] == "matmul") & (nd["weight_bytes"] == 0)).any(), g.name
+    # cached: a second call is free and equal
+    t0 = time.perf_counter()
+    again = mcm_corpus(seed=0)
+    assert time.perf_counter() - t0 < 0.1
+    assert [g.name for g in again] == [g.name for g in corpus]
+    # another seed changes the synthetic graphs, never the split
+    other = mcm_corpus(seed=1)
+    assert [g.name for g in other if g.family == "transformer"] == [g.name for g in tr]
+    assert [g.graph.content_hash() for g in other[:3]] != [g.graph.content_hash() for g in corpus[:3]]
+
+
+def test_split_rejects_family_in_two_splits(corpus):
+    with pytest.raises(ValueError, match="family 'cnn'"):
+        split_by_family(corpus, {"train": ("synthetic", "cnn"), "test": ("cnn",)})
+    with pytest.raises(ValueError, match="in no split"):
+        split_by_family(corpus, {"train": ("synthetic",)})
+    assert set(SPLITS) == {"train", "validation", "test"}
+
+
+def test_corpus_graphs_fit_the_package(corpus):
+    """On mcm-36 no op's weights plus output exceed a chip's SRAM, and the time-balanced greedy
+    partition fits in memory (the dynamic constraint H) for every graph."""
+    pkg = mcm_package(36)
+    for cg in corpus:
+        p = MCMProblem.from_graph(cg.graph, pkg)
+        assert (p.weight_bytes + p.out_bytes).max() < p.sram_bytes, cg.name
+        assert evaluate(p, greedy_partition(p)).memory_ok[0], cg.name
+        assert p.time_s.sum() > 0
+
+
+# ------------------------------------------------------------------------------------------ module
+def _module(env: MCMPartitionEnv, **cfg):
+    from archplace.algorithms.rl.gnn_module import GraphPartitionModule
+
+    torch.manual_seed(0)
+    return GraphPartitionModule(observation_space=env.observation_space, action_space=env.action_space,
+                                model_config={"hidden": 32, "num_layers": 3, "head_hiddens": [32, 32],
+                                              "vf_hiddens": [32], **cfg})
+
+
+def _batch(obs_list):
+    from ray.rllib.core.columns import Columns
+
+    return {Columns.OBS: {k: torch.as_tensor(np.stack([o[k] for o in obs_list])) for k in obs_list[0]}}
+
+
+def _graphs_small(corpus, k=3):
+    small = sorted(corpus, key=lambda g: g.num_nodes)
+    return [small[0], small[len(small) // 3], small[len(small) // 2]][:k]
+
+
+def test_module_batched_equals_per_sample_and_shapes(corpus):
+    from ray.rllib.core.columns import Columns
+
+    graphs = _graphs_small(corpus)
+    env = MCMPartitionEnv({"graphs": graphs, "num_chips": 8})
+    rng = np.random.default_rng(0)
+    obs = []
+    for i in range(3):
+        o, _ = env.reset(options={"graph": i})
+        n = env.problem.num_nodes
+        o["prev"][:n] = rng.integers(0, 8, n)  # any previous assignment
+        obs.append(o)
+    mod = _module(env)
+    mod.eval()
+    with torch.no_grad():
+        out = mod.forward_inference(_batch(obs))
+        logits = out[Columns.ACTION_DIST_INPUTS]
+        assert logits.shape == (3, env.n_max * 8)
+        vals = mod.compute_values(_batch(obs))
+        assert vals.shape == (3,)
+        for i, o in enumerate(obs):
+            one = mod.forward_inference(_batch([o]))[Columns.ACTION_DIST_INPUTS]
+            torch.testing.assert_close(one[0], logits[i], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(mod.compute_values(_batch([o]))[0], vals[i], rtol=1e-5, atol=1e-5)
+        train = mod.forward_train(_batch(obs))
+        assert train[Columns.EMBEDDINGS].shape == (3, 32)
+    # padded nodes: all mass on chip 0, so they add nothing to log-probs and entropy
+    dist = mod.get_train_action_dist_cls().from_logits(logits)
+    acts = dist.sample()
+    per_node = logits.reshape(3, env.n_max, 8)
+    for i, o in enumerate(obs):
+        n = int(o["num_nodes"][0])
+        assert (acts[i, n:] == 0).all()
+        manual = torch.log_softmax(per_node[i, :n], -1).gather(1, acts[i, :n, None].long()).sum()
+        torch.testing.assert_close(dist.logp(acts)[i], manual, rtol=1e-5, atol=1e-4)
+        ent_manual = -(torch.softmax(per_node[i, :n], -1) * torch.log_softmax(per_node[i, :n], -1)).sum()
+        torch.testing.assert_close(dist.entropy()[i], ent_manual, rtol=1e-5, atol=1e-4)
+
+
+def test_module_padding_invariance(corpus):
+    """The same graph padded to two N_max / E_max gives the same logits on its real nodes and the same
+    value; the previous assignment changes the logits (it is an input)."""
+    from ray.rllib.core.columns import Columns
+
+    g = _graphs_small(corpus)[1]
+    env_a = MCMPartitionEnv({"graphs": [g], "num_chips": 8})
+    env_b = MCMPartitionEnv({"graphs": [g], "num_chips": 8, "n_max": env_a.n_max + 37,
+                             "e_max": env_a.e_max + 50})
+    mod_a, mod_b = _module(env_a), _module(env_b)
+    mod_b.load_state_dict(mod_a.state_dict())
+    oa, _ = env_a.reset()
+    ob, _ = env_b.reset()
+    n = env_a.problem.num_nodes
+    with torch.no_grad():
+        la = mod_a.forward_inference(_batch([oa]))[Columns.ACTION_DIST_INPUTS].reshape(env_a.n_max, 8)
+        lb = mod_b.forward_inference(_batch([ob]))[Columns.ACTION_DIST_INPUTS].reshape(env_b.n_max, 8)
+        torch.testing.assert_close(la[:n], lb[:n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mod_a.compute_values(_batch([oa])), mod_b.compute_values(_batch([ob])),
+                                   rtol=1e-5, atol=1e-5)
+        oc = dict(oa, prev=np.zeros_like(oa["prev"]))
+        lc = mod_a.forward_inference(_batch([oc]))[Columns.ACTION_DIST_INPUTS].reshape(env_a.n_max, 8)
+        assert not torch.allclose(la[:n], lc[:n])
+    # a graph whose edges are all dropped differs (the edges matter)
+    od = dict(oa, num_edges=np.array([0]))
+    with torch.no_grad():
+        ld = mod_a.forward_inference(_batch([od]))[Columns.ACTION_DIST_INPUTS].reshape(env_a.n_max, 8)
+    assert not torch.allclose(la[:n], ld[:n])
+
+
+def test_module_default_sizes_match_the_paper(corpus):
+    from torch_geometric.nn import SAGEConv
+
+    from archplace.algorithms.rl.gnn_module import GraphPartitionModule
+
+    env = MCMPartitionEnv({"graphs": _graphs_small(corpus, 1), "num_chips": 36})
+    mod = GraphPartitionModule(observation_space=env.observation_space, action_space=env.action_space,
+                               model_config={})
+    convs = [m for m in mod.modules() if isinstance(m, SAGEConv)]
+    assert len(convs) == 8 and all(c.out_channels == 128 for c in convs)
+    assert convs[0].in_channels == len(FEATURES) + 36 + 1  # features, one-hot prev, round
+    lin = [m for m in mod.pi_head if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in lin] == [(128, 128), (128, 128), (128, 36)]
+
+
+# ------------------------------------------------------------------------------------------ env
+def test_node_features_hand_made():
+    # chain 0 -> 1 -> 2 plus 0 -> 2; times 1, 2, 1 s; 2 chips
+    p = MCMProblem.from_arrays(2, [0, 1, 0], [1, 2, 2], [1.0, 2.0, 1.0], out_bytes=[0, 2**20, 0],
+                               weight_bytes=[2**24, 0, 0])
+    x = node_features(p)
+    assert x.shape == (3, len(FEATURES))
+    np.testing.assert_allclose(x[:, 0], [0.5, 1.0, 0.5])  # time / max
+    np.testing.assert_allclose(x[:, 1], [0.5, 1.0, 0.5])  # time * C / total
+    np.testing.assert_allclose(x[:, 2], [0, 1 / 32, 0])  # out / SRAM (32 MB)
+    np.testing.assert_allclose(x[:, 3], [0.5, 0, 0])
+    np.testing.assert_allclose(x[:, 4], np.log1p([0, 1, 2]) / 2, rtol=1e-6)
+    np.testing.assert_allclose(x[:, 5], np.log1p([2, 1, 0]) / 2, rtol=1e-6)
+    np.testing.assert_allclose(x[:, 6], [0, 1 / 3, 2 / 3], rtol=1e-6)
+    np.testing.assert_allclose(x[:, 7], [0, 0.25, 0.75])
+
+
+def test_env_fix_repair_gives_valid_partitions_and_greedy_reward_one(corpus):
+    graphs = [corpus[0], corpus[40], corpus[72], corpus[-1]]  # synthetic, cnn, lstm, t5 (266 ops)
+    env = MCMPartitionEnv({"graphs": graphs, "num_chips": 36, "rounds": 3, "seed": 0})
+    assert env.observation_space["x"].shape == (env.n_max, len(FEATURES))
+    assert env.action_space.nvec.shape == (env.n_max,)
+    rng = np.random.default_rng(0)
+    for i in range(len(graphs)):
+        obs, info = env.reset(options={"graph": i})
+        assert env.observation_space.contains(obs)
+        p = env.problem
+        # y'^(0) is the greedy partition after FIX
+        np.testing.assert_array_equal(obs["prev"][:p.num_nodes], env.greedy_part(i))
+        # random actions: FIX always yields a statically valid y'; reward = throughput / baseline > 0
+        for t in range(3):
+            obs, r, term, trunc, info = env.step(rng.integers(0, 36, env.n_max))
+            assert info["repair_status"] == "valid" and info["samples"] == 1
+            assert info["repaired_valid"] and r > 0
+            assert r == pytest.approx(info["throughput"] / env.baseline(i))
+            assert term == (t == 2) and not trunc
+            assert evaluate(p, obs["prev"][:p.num_nodes]).valid[0]
+        # the greedy-repaired partition is valid, FIX keeps it, and its reward is exactly 1
+        env.reset(options={"graph": i})
+        _, r, _, _, info = env.step(env.pad(env.greedy_part(i)))
+        assert info["changed"] == 0 and info["raw_valid"]
+        assert r == 1.0
+        assert env.best[env.names[i]][0] >= info["throughput"]
+    assert env.total_samples == 4 * len(graphs)
+    assert [len(h) for h in env.history.values()] == [4] * len(graphs), env.history
+
+
+def test_env_greedy_baseline_is_the_heuristic_after_fix():
+    g = layered_dag(60, 4, seed=3, batch=1, seq=128, hidden=256, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(8))
+    env = MCMPartitionEnv({"graphs": [p], "num_chips": 8})
+    y0 = greedy_partition(p)
+    # FIX keeps every node of y0 whose chip survives propagation; a valid y0 comes back unchanged
+    if evaluate(p, y0).static_ok[0]:
+        np.testing.assert_array_equal(env.greedy_part(0), y0)
+    assert env.baseline(0) == pytest.approx(float(evaluate(p, env.greedy_part(0)).throughput[0]))
+    assert env.baseline(0) > 0
+
+
+def test_env_without_repair_almost_never_valid(corpus):
+    """The paper's RL-without-solver baseline: on 36 chips a sampled assignment of a graph with a hundred
+    nodes is essentially never valid, so the reward is 0."""
+    g = min((g for g in corpus if g.num_nodes >= 100), key=lambda g: g.num_nodes)
+    env = MCMPartitionEnv({"graphs": [g], "num_chips": 36, "repair": "none", "rounds": 50})
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    valid, rewards = [], []
+    for _ in range(50):
+        _, r, _, _, info = env.step(rng.integers(0, 36, env.n_max))
+        valid.append(info["raw_valid"])
+        rewards.append(r)
+    assert sum(valid) == 0 and sum(rewards) == 0.0
+    assert env.best == {}
+    # the same env repairs with FIX when asked to
+    env_fix = MCMPartitionEnv({"graphs": [g], "num_chips": 36, "repair": "fix"})
+    env_fix.reset(seed=0)
+    _, r, _, _, info = env_fix.step(rng.integers(0, 36, env_fix.n_max))
+    assert not info["raw_valid"] and info["repaired_valid"] and r > 0
+
+
+def test_env_sample_mode_and_config_errors(corpus):
+    g = _graphs_small(corpus, 1)
+    env = MCMPartitionEnv({"graphs": g, "num_chips": 8, "repair": "sample", "init": "zeros"})
+    obs, _ = env.reset(seed=1)
+    assert (obs["prev"] == 0).all()
+    _, r, _, _, info = env.step(np.random.default_rng(1).integers(0, 8, env.n_max))
+    assert info["repaired_valid"] and r > 0
+    with pytest.raises(ValueError, match="repair"):
+        MCMPartitionEnv({"graphs": g, "repair": "bogus"})
+    with pytest.raises(ValueError, match="n_max"):
+        MCMPartitionEnv({"graphs": g, "n_max": 3})
+    with pytest.raises(ValueError, match="graphs"):
+        MCMPartitionEnv({})
