@@ -176,6 +176,37 @@ def test_complete_against_brute_force(n, C, p, seed):
         assert tuple(res.partition.tolist()) == y
 
 
+@pytest.mark.parametrize("budget", [0, 32])
+def test_complete_with_pins_against_brute_force(budget):
+    # pinned nodes make infeasible instances and force backtracking; budget 0 runs only the complete stage
+    rng = np.random.default_rng(budget)
+    outcomes = set()
+    for case in range(12):
+        n, C = 6, 3
+        src, dst = random_dag(n, 0.35, 50 + case)
+        rep = MCMRepairer(C, src, dst, num_nodes=n)
+        rep.restart_failures = budget
+        pins = {}
+        for u in rng.choice(n, size=2, replace=False).tolist():
+            pins[u] = sorted(rng.choice(C, size=int(rng.integers(1, C)), replace=False).tolist())
+            rep.restrict(u, pins[u])
+        valid = {f for f in brute_valid(C, n, src, dst) if all(f[u] in c for u, c in pins.items())}
+        res = rep.repair("fix", y=rng.integers(0, C, n), seed=case)
+        if not valid:
+            assert res.status == "infeasible"
+            outcomes.add("infeasible")
+            continue
+        assert res.status == "valid" and tuple(res.partition.tolist()) in valid
+        seen = set()
+        for s in range(30 * len(valid)):
+            seen.add(tuple(rep.repair("sample", probs=np.full((n, C), 1 / C), seed=s).partition.tolist()))
+            if seen == valid:
+                break
+        assert seen == valid
+        outcomes.add("valid")
+    assert outcomes == {"valid", "infeasible"}
+
+
 def test_sample_follows_probabilities_over_the_domain():
     # two isolated nodes, C = 2: node 0 on chip 0 or 1; prefix rule forces at least one on chip 0
     probs = np.array([[0.2, 0.8], [0.2, 0.8]])

@@ -270,3 +270,51 @@ def test_env_sample_mode_and_config_errors(corpus):
         MCMPartitionEnv({"graphs": g, "n_max": 3})
     with pytest.raises(ValueError, match="graphs"):
         MCMPartitionEnv({})
+
+
+# ------------------------------------------------------------------------------------------ PPO
+def test_ppo_improves_episode_reward(ray_session):
+    """A short PPO run on one small graph (20 ops, 4 chips, T = 2 refinement steps), RLlib new API
+    stack with local sampling: the mean reward per step of the last iterations beats that of the first
+    ones by a clear margin (measured: 0.55 -> 0.8, where 1.0 is greedy + FIX; ~15 s)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from archplace.algorithms.rl.gnn_module import GraphPartitionModule
+
+    g = layered_dag(20, 2, seed=1, batch=1, seq=128, hidden=256, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(4))
+    rounds, episodes = 2, 20
+    config = (
+        PPOConfig()
+        .environment(MCMPartitionEnv, env_config={"graphs": [p], "num_chips": 4, "rounds": rounds,
+                                                  "seed": 0, "init": "zeros"})
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1)
+        .learners(num_learners=0)
+        .training(train_batch_size_per_learner=episodes * rounds, minibatch_size=episodes * rounds // 4,
+                  num_epochs=10, lr=5e-3, clip_param=0.5, gamma=0.5, lambda_=0.95, entropy_coeff=0.0,
+                  use_kl_loss=False, grad_clip=1.0)
+        .rl_module(rl_module_spec=RLModuleSpec(
+            module_class=GraphPartitionModule,
+            model_config={"hidden": 32, "num_layers": 3, "head_hiddens": [32, 32], "vf_hiddens": [32]}))
+        .reporting(metrics_num_episodes_for_smoothing=episodes)  # each value: one iteration's episodes
+        .debugging(seed=0)
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is ~5x faster than two fighting a busy machine
+    algo = config.build_algo()
+    try:
+        returns = []
+        for _ in range(30):
+            res = algo.train()
+            returns.append(res["env_runners"]["episode_return_mean"] / rounds)
+        env = algo.env_runner.env.unwrapped.envs[0].unwrapped
+        best = env.best[env.names[0]][0] / env.baseline(0)
+    finally:
+        algo.stop()
+        torch.set_num_threads(threads)
+    first, last = np.mean(returns[:3]), np.mean(returns[-3:])
+    print(f"PPO mean reward per step by iteration: {np.round(returns, 3).tolist()}; best {best:.3f}")
+    assert last > first + 0.1, returns
+    assert best >= max(returns)

@@ -116,7 +116,8 @@ def node_features(problem: MCMProblem) -> np.ndarray:
 
 
 class MCMPartitionEnv(gym.Env):
-    """See the module docstring. ``config`` keys: ``graphs`` (required), ``num_chips`` (36), ``n_max``
+    """See the module docstring. ``config`` keys: ``graphs`` (required), ``names`` (default: the
+    graphs' names, ``problem{i}`` for bare MCMProblems), ``num_chips`` (36), ``n_max``
     and ``e_max`` (default: the largest graph's), ``rounds`` (4), ``repair`` ("fix"), ``seed`` (0),
     ``select`` ("round_robin"), ``init`` ("greedy"), ``repair_time_limit_s`` (10.0)."""
 
@@ -128,6 +129,11 @@ class MCMPartitionEnv(gym.Env):
             raise ValueError("MCMPartitionEnv config needs 'graphs'")
         self.num_chips = int(config.get("num_chips", 36))
         self.problems, self.names = to_problems(config["graphs"], self.num_chips)
+        if config.get("names") is not None:
+            names = [str(x) for x in config["names"]]
+            if len(names) != len(self.problems) or len(set(names)) != len(names):
+                raise ValueError(f"names must be {len(self.problems)} distinct strings, got {names}")
+            self.names = names
         n_big = max(p.num_nodes for p in self.problems)
         e_big = max(p.num_edges for p in self.problems)
         self.n_max = int(config.get("n_max") or n_big)

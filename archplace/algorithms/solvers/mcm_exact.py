@@ -1,5 +1,7 @@
 """Exact reference for multi-chip-module partitioning: CP-SAT maximises the analytical throughput under the
-static constraints (spec ``mcm.md`` §1.3, paper Eqs. 2–4). Small graphs only (about 60 nodes, 8 chips).
+static constraints (spec ``mcm.md`` §1.3, paper Eqs. 2–4). Small graphs only: on 2 cores, 40 nodes / 8 chips
+prove optimal in seconds, 50–60 nodes / 8 chips in one to two minutes on some graphs, while others keep a
+gap of about 10% after two minutes (the LP bound sees little of the communication).
 
 Cost model (the shared "analytical cost model"): chip ``d`` runs its nodes' ``time_s`` (compute) and sends,
 on its outgoing ring link ``d -> d+1``, ``out_bytes[u]`` of every node ``u`` with ``f(u) <= d < m(u)``, where
@@ -17,7 +19,9 @@ CP-SAT model (``C' = min(C, N)`` chips: Eq. 3 makes more unusable):
   setting more of them true only forbids more;
 * forwarding spans: ``g[u, l]`` is implied by ``y_v > l`` for a successor ``v`` (the output goes past chip
   ``l``), ``z[u, l] >= [y_u <= l] + g[u, l] - 1`` (link ``l`` carries ``out_bytes[u]``); again lower bounds
-  suffice because the objective only grows with them;
+  suffice because the objective only grows with them. Redundant cut: in a weakly connected graph, when
+  chip ``l+1`` is used some edge crosses boundary ``l``, so link ``l`` carries at least the smallest output
+  of a node with successors (it lifts the LP bound, which otherwise ignores communication);
 * memory: per chip, weights + the outputs of its nodes + the outputs it receives from other chips
   (``rcv[u, d]`` is implied by ``x[v, d] and not x[u, d]`` for a successor ``v``) ``<= sram_bytes``. Every
   byte that is ever resident or live on a chip is counted at once, so this is a *sufficient* (conservative)
@@ -104,35 +108,18 @@ def chip_latencies(problem: Any, partition) -> np.ndarray:
     return comp + link / bw
 
 
-def _closure_times(n: int, pairs: list[tuple[int, int]], ti: list[int]) -> tuple[list[int], list[int]]:
-    """Scaled compute time of every node plus its ancestors, and plus its descendants (0 if cyclic)."""
-    succ: list[list[int]] = [[] for _ in range(n)]
-    pred: list[list[int]] = [[] for _ in range(n)]
+def _weakly_connected(n: int, pairs: list[tuple[int, int]]) -> bool:
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
     for a, b in pairs:
-        succ[a].append(b)
-        pred[b].append(a)
-    indeg = [len(p) for p in pred]
-    topo = [u for u in range(n) if not indeg[u]]
-    for u in topo:
-        for v in succ[u]:
-            indeg[v] -= 1
-            if not indeg[v]:
-                topo.append(v)
-    if len(topo) < n:
-        return [0] * n, [0] * n
-    anc = [1 << u for u in range(n)]
-    desc = [1 << u for u in range(n)]
-    for u in topo:
-        for v in succ[u]:
-            anc[v] |= anc[u]
-    for u in reversed(topo):
-        for v in succ[u]:
-            desc[u] |= desc[v]
-
-    def total(m: int) -> int:
-        return sum(ti[i] for i in range(n) if (m >> i) & 1)
-
-    return [total(m) for m in anc], [total(m) for m in desc]
+        parent[find(a)] = find(b)
+    return len({find(a) for a in range(n)}) <= 1
 
 
 def solve_exact(problem: Any, time_limit_s: float = 60.0, num_workers: int = 8, hint=None) -> ExactResult:
@@ -199,6 +186,7 @@ def solve_exact(problem: Any, time_limit_s: float = 60.0, num_workers: int = 8, 
                 md.add_bool_or([~e[a, b], ~r[a, k], ~r[k, b]])
     # cost model
     load: list[list[tuple[int, Any]]] = [[(ti[u], x[u][d]) for u in range(n) if ti[u]] for d in range(Ce)]
+    links: list[list[tuple[int, Any]]] = [[] for _ in range(Ce)]
     for u in range(n):
         if not succs[u] or not bi[u]:
             continue
@@ -208,7 +196,15 @@ def solve_exact(problem: Any, time_limit_s: float = 60.0, num_workers: int = 8, 
                 md.add(g >= sum(x[v][l + 1:]))
             z = md.new_bool_var(f"z{u}_{l}")
             md.add(z >= sum(x[u][:l + 1]) + g - 1)
-            load[l].append((bi[u], z))
+            links[l].append((bi[u], z))
+    if _weakly_connected(n, pairs):
+        # with nodes on both sides of boundary l (chip l+1 used) some edge crosses it
+        bmin = min((bi[u] for u in range(n) if succs[u]), default=0)
+        for l in range(Ce - 1):
+            if bmin and links[l]:
+                md.add(sum(c * v for c, v in links[l]) >= bmin * used[l + 1])
+    for d in range(Ce):
+        load[d] += links[d]
     hi = int(sum(ti) + sum(bi))
     M = md.new_int_var(0, hi, "M")
     for d in range(Ce):
@@ -224,15 +220,6 @@ def solve_exact(problem: Any, time_limit_s: float = 60.0, num_workers: int = 8, 
                     md.add_bool_or([~x[v][d], x[u][d], rc])
                 terms.append((obc[u], rc))
         md.add(sum(c * v for c, v in terms) <= cap)
-    # redundant cuts: u and its ancestors fill chips 0..y_u, u and its descendants chips y_u..C'-1
-    anc_t, desc_t = _closure_times(n, pairs, ti)
-    for u in range(n):
-        for l in range(Ce - 1):
-            le = sum(x[u][:l + 1])
-            if anc_t[u]:
-                md.add((l + 1) * M >= anc_t[u] * le)
-            if desc_t[u]:
-                md.add((Ce - 1 - l) * M >= desc_t[u] - desc_t[u] * le)
     md.minimize(M)
     if hint is not None:
         for u in range(n):
