@@ -755,8 +755,10 @@ def repair(num_chips: int, src, dst, mode: str = "fix", y=None, probs=None, seed
     ``mode="sample"`` needs ``probs`` (shape ``[N, num_chips]``, non-negative): each node samples from its
     row renormalised over its domain; a ``y`` given here only feeds ``changed``. ``order`` is the node
     order (a permutation of ``range(N)``; default: a random one from ``seed``). ``N`` is the length of ``y``
-    or ``probs`` (or ``num_nodes``). The model of a graph is cached (the last few graphs), so repeated calls
-    on one graph pay only for the search.
+    or ``probs`` (or ``num_nodes``). The result depends only on the arguments (the search is deterministic
+    given ``seed``) unless ``time_limit_s`` cuts it short; ``status`` is "valid", "infeasible" or "unknown"
+    and ``stage`` tells which restart stage produced it (module doc). The model of a graph is cached (the
+    last few graphs), so repeated calls on one graph pay only for the search.
     """
     n = num_nodes
     for name, arr, dims in (("y", y, 1), ("probs", probs, 2)):
