@@ -337,8 +337,6 @@ PARTITION_ALGOS = ("greedy", "random", "sa")
 def cmd_partition(args) -> dict[str, Any]:
     import time as _time
 
-    import numpy as np
-
     from archplace.algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
     from archplace.algorithms.solvers.mcm_repair import MCMRepairer
     from archplace.hardware.presets import mcm_package
@@ -356,13 +354,6 @@ def cmd_partition(args) -> dict[str, Any]:
 
         g = build_graph(args.model, seq=args.seq, mbs=args.mbs, training=False, bytes_per_element=1)
     problem = MCMProblem.from_graph(g, mcm_package(args.chiplets))
-    extra = getattr(g, "extra_nodes", None) or {}
-    if "acc_latency" in extra:  # dnn-partitioning inputs carry profiled accelerator latencies
-        problem = MCMProblem.from_arrays(
-            problem.num_chips, problem.src, problem.dst,
-            np.asarray(extra["acc_latency"], float)[~g.nodes["is_backward"]], problem.out_bytes,
-            problem.weight_bytes,
-            problem.topo, problem.link_bw_bytes_per_s, problem.sram_bytes, problem.names)
     rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
     g_part, g_tp = greedy(problem, seed=args.seed, repairer=rep)
     if args.algo == "greedy":

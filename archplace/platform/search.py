@@ -214,9 +214,9 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     connect(address, num_cpus=None)
     if resume and store.settings_path.exists():
-        old_prefix = store.read_meta().get("actor_prefix")
-        if old_prefix:  # a killed driver leaves its detached actors behind
-            Pools(old_prefix, 0, 0).stop(max_index=int(store.read_meta().get("workers", 64)))
+        old_meta = store.read_meta()
+        if old_meta.get("actor_prefix"):  # a killed driver leaves its detached actors behind
+            Pools(old_meta["actor_prefix"], 0, 0).stop(max_index=int(old_meta.get("workers", 64)))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     # one worker = one trial + one solver + one simulator (0.8 CPU): more workers than CPUs would
     # leave actors unschedulable, so the pool is capped at the cluster's CPUs

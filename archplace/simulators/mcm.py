@@ -252,7 +252,8 @@ class MCMProblem:
     def from_graph(cls, g: OpGraph, package: Cluster | None = None, forward_only: bool = True) -> MCMProblem:
         """The MCM problem of graph ``g`` on ``package`` (default ``mcm_package(36)``).
 
-        Per-op time is ``estimate_graph(g, package.device).all_s``; ``out_bytes``/``weight_bytes`` are
+        Per-op time is the graph's profiled ``acc_latency`` when it has one (dnn-partitioning inputs),
+        else ``estimate_graph(g, package.device).all_s``; ``out_bytes``/``weight_bytes`` are
         the graph's ``output_bytes``/``weight_bytes``; the order is ``g.topo_order()``; SRAM is the
         device's GLB (``glb_mb`` MiB). ``forward_only`` keeps the ``~is_backward`` ops (the MCM paper
         partitions inference graphs). Every op is kept, ``core == "none"`` ones included (module doc)."""
@@ -272,9 +273,12 @@ class MCMProblem:
         if g.num_nodes == 0:
             raise ValueError("from_graph: the graph has no ops"
                              + (" in its forward part" if forward_only else ""))
-        est = estimate_graph(g, package.device)
+        extra = g.extra_nodes or {}
+        # dnn-partitioning inputs carry profiled accelerator latencies; model graphs are estimated
+        time_s = (np.asarray(extra["acc_latency"], dtype=np.float64) if "acc_latency" in extra
+                  else estimate_graph(g, package.device).all_s)
         src, dst = g.edge_pos
-        return cls(package.num_devices, src, dst, est.all_s, g.nodes["output_bytes"],
+        return cls(package.num_devices, src, dst, time_s, g.nodes["output_bytes"],
                    g.nodes["weight_bytes"], g.topo_order(), package.link_bw,
                    float(package.device.glb_mb) * MB, tuple(str(s) for s in g.nodes["name"]))
 
