@@ -79,3 +79,24 @@ def test_partition_command_json(capsys):
     assert res["improvement"] >= 1.0 and res["throughput"] == pytest.approx(1 / max(res["chip_latency_s"]))
     assert main(["partition", str(path), "--chiplets", "99"]) == 2
     assert "--chiplets must be in [1, 64]" in capsys.readouterr().err
+
+
+def test_partition_command_ppo(ray_session, capsys, tmp_path):
+    import json
+
+    from conftest import DNN_DATA
+
+    from archplace.platform.cli import main
+
+    path = DNN_DATA / "throughput-inputs" / "LayerGraphs" / "gnmt_inference.json"
+    assert main(["partition", str(path), "--algo", "ppo", "--budget", "8", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["algo"] == "ppo" and res["mode"] == "from scratch" and res["samples"] == 8
+    assert res["valid"] and len(res["assignment"]) == res["nodes"] == 96 and res["valid_samples"] == 8
+    assert res["improvement"] >= 1.0 and res["throughput"] == pytest.approx(1 / max(res["chip_latency_s"]))
+    assert main(["partition", str(path), "--algo", "ppo", "--zero-shot"]) == 2
+    assert "--zero-shot needs --pretrained" in capsys.readouterr().err
+    assert main(["partition", str(path), "--algo", "sa", "--pretrained", "x.npz"]) == 2
+    assert "apply to --algo ppo" in capsys.readouterr().err
+    assert main(["partition", str(path), "--algo", "ppo", "--pretrained", str(tmp_path / "no.npz")]) == 2
+    assert "does not exist" in capsys.readouterr().err

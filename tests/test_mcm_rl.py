@@ -318,3 +318,95 @@ def test_ppo_improves_episode_reward(ray_session):
     print(f"PPO mean reward per step by iteration: {np.round(returns, 3).tolist()}; best {best:.3f}")
     assert last > first + 0.1, returns
     assert best >= max(returns)
+
+
+def test_module_prev_bias_adds_exactly_the_keep_prior(corpus):
+    """``prev_bias`` adds log(C - 1) + bias to each real node's previous chip and nothing else."""
+    from ray.rllib.core.columns import Columns
+
+    graphs = _graphs_small(corpus, 2)
+    env = MCMPartitionEnv({"graphs": graphs, "num_chips": 8})
+    o, _ = env.reset(options={"graph": 1})
+    n = env.problem.num_nodes
+    o["prev"][:n] = np.random.default_rng(1).integers(0, 8, n)
+    plain, prior = _module(env), _module(env, prev_bias=1.5)
+    missing = prior.load_state_dict(plain.state_dict(), strict=False)
+    assert missing.missing_keys == ["prev_bias"] and not missing.unexpected_keys
+    with torch.no_grad():
+        a = plain.forward_inference(_batch([o]))[Columns.ACTION_DIST_INPUTS].reshape(env.n_max, 8)
+        b = prior.forward_inference(_batch([o]))[Columns.ACTION_DIST_INPUTS].reshape(env.n_max, 8)
+    expect = torch.zeros_like(a)
+    expect[torch.arange(n), torch.as_tensor(o["prev"][:n])] = np.log(7) + 1.5
+    torch.testing.assert_close(b[:n] - a[:n], expect[:n], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(b[n:], a[n:])  # padded rows keep their constant logits
+
+
+def test_env_sample_budget_freezes_best():
+    g = layered_dag(12, 2, seed=3, batch=1, seq=64, hidden=128, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(4))
+    env = MCMPartitionEnv({"graphs": [p], "num_chips": 4, "rounds": 2, "sample_budget": 3, "seed": 0})
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(4):
+        env.reset()
+        for _ in range(2):
+            _, r, _, _, info = env.step(rng.integers(0, 4, env.n_max))
+            seen.append(info["throughput"])
+    assert env.total_samples == 8 and len(env.history[env.names[0]]) == 8
+    assert env.best[env.names[0]][0] == pytest.approx(max(seen[:3]))
+    assert env.valid_samples == sum(t > 0 for t in seen[:3])
+
+
+# ------------------------------------------------------------------------------------------ PPO driver
+TINY = {"hidden": 16, "num_layers": 2, "head_hiddens": [16], "vf_hiddens": [16]}
+TINY_PPO = {"episodes_per_iteration": 4}
+
+
+def test_rl_search_repair_zero_shot_and_fine_tune(ray_session, tmp_path):
+    """One graph on mcm-36: with FIX every sample is valid, without the solver none is; a zero-shot run
+    leaves the weights as loaded, a fine-tuning run changes them; weights survive an .npz round trip."""
+    from archplace.algorithms.rl.mcm_ppo import load_state, rl_search, save_state
+    from archplace.simulators.mcm import static_valid
+
+    torch.manual_seed(0)
+    g = layered_dag(30, 3, seed=2, batch=1, seq=128, hidden=256, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(36))
+    run = rl_search(p, 20, seed=0, model=TINY, ppo=TINY_PPO, keep_state=True)
+    tr = run.trace
+    assert tr.method == "rl" and tr.samples == 20 and tr.valid_samples == 20
+    assert (np.diff(tr.best_so_far) >= 0).all() and tr.best == pytest.approx(tr.best_so_far.max())
+    assert static_valid(p, tr.best_partition)[0]
+    assert evaluate(p, tr.best_partition).throughput[0] == pytest.approx(tr.best)
+    none = rl_search(p, 16, seed=0, model=TINY, ppo=TINY_PPO, repair="none").trace
+    assert none.method == "rl" and none.extra["raw_valid_samples"] == 0 and none.best == 0.0
+    assert none.best_partition is None
+
+    save_state(tmp_path / "w.npz", run.state, samples=20)
+    state, meta = load_state(tmp_path / "w.npz")
+    assert meta == {"samples": 20} and set(state) == set(run.state)
+    zs = rl_search(p, 8, seed=1, init_state=state, train=False, model=TINY, ppo=TINY_PPO, keep_state=True)
+    assert zs.trace.method == "rl_zeroshot" and zs.trace.samples == 8
+    for k in state:
+        np.testing.assert_array_equal(np.asarray(zs.state[k]), state[k])
+    ft = rl_search(p, 16, seed=1, init_state=state, model=TINY, ppo=TINY_PPO, keep_state=True)
+    assert ft.trace.method == "rl_finetune"
+    assert any(not np.allclose(np.asarray(ft.state[k]), state[k]) for k in state)
+    with pytest.raises(ValueError, match="samples"):
+        rl_search(p, 0)
+
+
+def test_pretrain_keeps_the_best_validation_checkpoint(ray_session):
+    from archplace.algorithms.rl.mcm_ppo import pretrain
+
+    torch.manual_seed(0)
+    gs = [layered_dag(n, 2, seed=s, batch=1, seq=64, hidden=128, bytes_per_element=1)
+          for n, s in ((14, 0), (18, 1), (16, 2))]
+    probs = [MCMProblem.from_graph(g, mcm_package(8)) for g in gs]
+    res = pretrain(probs[:2], probs[2:], total_samples=48, checkpoint_every=16, num_chips=8, model=TINY,
+                   ppo=TINY_PPO)
+    assert [s for s, _ in res.checkpoints] == [16, 32, 48]
+    best = max(res.checkpoints, key=lambda c: c[1])
+    assert (res.best_samples, res.best_validation_reward) == best
+    assert len(res.train_reward) == 3 and all(r >= 0 for r in res.train_reward)
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        pretrain(probs[:2], probs[2:], total_samples=8, checkpoint_every=16, num_chips=8)

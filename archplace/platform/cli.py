@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -331,7 +332,7 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"wrote {res['report']}")
 
 
-PARTITION_ALGOS = ("greedy", "random", "sa")
+PARTITION_ALGOS = ("greedy", "random", "sa", "ppo")
 
 
 def cmd_partition(args) -> dict[str, Any]:
@@ -346,6 +347,8 @@ def cmd_partition(args) -> dict[str, Any]:
         raise ValueError(f"--chiplets must be in [1, 64], got {args.chiplets}")
     if args.budget < 1:
         raise ValueError(f"--budget must be a positive number of samples, got {args.budget}")
+    if args.algo != "ppo" and (args.pretrained or args.zero_shot):
+        raise ValueError(f"--pretrained and --zero-shot apply to --algo ppo, not {args.algo}")
     t0 = _time.perf_counter()
     if args.model.endswith((".json", ".parquet")):
         g = load_graph(args.model, args.seq, args.mbs, 1, training=False)
@@ -356,8 +359,13 @@ def cmd_partition(args) -> dict[str, Any]:
     problem = MCMProblem.from_graph(g, mcm_package(args.chiplets))
     rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
     g_part, g_tp = greedy(problem, seed=args.seed, repairer=rep)
+    extra: dict[str, Any] = {}
     if args.algo == "greedy":
         part, samples = g_part, 1
+    elif args.algo == "ppo":  # PPO with FIX-repaired actions, optionally fine-tuned from pre-trained weights
+        part, samples, extra = _partition_ppo(problem, args)
+        if part is None or float(evaluate(problem, part).throughput[0]) < g_tp:
+            part = g_part
     else:
         run = random_search if args.algo == "random" else simulated_annealing
         trace = run(problem, args.budget, seed=args.seed, repairer=rep)
@@ -371,7 +379,30 @@ def cmd_partition(args) -> dict[str, Any]:
             "nodes": problem.num_nodes, "edges": problem.num_edges, "valid": bool(ev.valid[0]),
             "throughput": tp, "greedy_throughput": g_tp, "improvement": tp / g_tp if g_tp > 0 else None,
             "chips_used": int(part.max()) + 1, "chip_latency_s": ev.latency_s[0].tolist(),
-            "assignment": {n: int(c) for n, c in zip(names, part)}, "wall_s": _time.perf_counter() - t0}
+            "assignment": {n: int(c) for n, c in zip(names, part)}, **extra,
+            "wall_s": _time.perf_counter() - t0}
+
+
+def _partition_ppo(problem, args) -> tuple[Any, int, dict[str, Any]]:
+    import ray
+
+    from archplace.algorithms.rl.mcm_ppo import load_state, rl_search
+
+    state, meta = (None, {})
+    if args.zero_shot and not args.pretrained:
+        raise ValueError("--zero-shot needs --pretrained PATH (the policy to sample)")
+    if args.pretrained:
+        if not os.path.exists(args.pretrained):
+            raise FileNotFoundError(f"--pretrained {args.pretrained} does not exist "
+                                    "(bench/mcm_pretrain.py writes bench/results/mcm_pretrained.npz)")
+        state, meta = load_state(args.pretrained)
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    run = rl_search(problem, args.budget, seed=args.seed, init_state=state, train=not args.zero_shot)
+    extra = {"valid_samples": run.trace.valid_samples, "pretrained": args.pretrained,
+             "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if args.zero_shot else
+             ("fine-tuned" if state is not None else "from scratch")}
+    return run.trace.best_partition, run.trace.samples, extra
 
 
 def print_partition(res: dict[str, Any]) -> None:
@@ -457,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--chiplets", type=int, default=36)
     pa.add_argument("--algo", choices=PARTITION_ALGOS, default="sa")
     pa.add_argument("--budget", type=int, default=200, help="samples (evaluated partitions)")
+    pa.add_argument("--pretrained", default=None,
+                    help="ppo: start from these pre-trained weights (.npz from bench/mcm_pretrain.py)")
+    pa.add_argument("--zero-shot", action="store_true", help="ppo: sample the pre-trained policy, no updates")
     pa.add_argument("--seq", type=int, default=None)
     pa.add_argument("--mbs", type=int, default=1)
     pa.add_argument("--seed", type=int, default=0)

@@ -30,7 +30,11 @@ constant logits ``[0, -1e4, ...]`` (all mass on chip 0, no gradient), so their s
 always 0 and their log-probability, entropy and KL are exactly 0.
 
 ``model_config`` keys: ``hidden`` (128), ``num_layers`` (8), ``head_hiddens`` ([128, 128]),
-``vf_hiddens`` ([128]), ``aggr`` ("mean"), ``bidirectional`` (True), ``residual`` (True).
+``vf_hiddens`` ([128]), ``aggr`` ("mean"), ``bidirectional`` (True), ``residual`` (True), ``prev_bias``
+(None): when set, a learnable logit bonus ``log(C - 1) + prev_bias`` on each node's previous chip, a
+keep-the-previous-assignment prior that turns refinement into a learned local search (ours; off by default:
+in our runs it helped on a 24-node graph over 8 chips, 1.56x -> 1.67x greedy, the optimum, and hurt on
+36 chips, 2.05x -> 1.62x on lstm0 and 1.47x -> 1.12x on t5-l2, where FIX's randomness explores better).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "aggr": "mean",
     "bidirectional": True,
     "residual": True,
+    "prev_bias": None,
 }
 
 
@@ -134,6 +139,10 @@ class GraphPartitionModule(TorchRLModule, ValueFunctionAPI):
         self.convs = nn.ModuleList(SAGEConv(a, b, aggr=cfg["aggr"]) for a, b in zip(dims[:-1], dims[1:]))
         self.pi_head = _mlp([hid, *cfg["head_hiddens"]], self.num_chips)
         self.vf_head = _mlp([hid, *cfg["vf_hiddens"]], 1)
+        # keep-the-previous-chip prior: logit + (log(C-1) + prev_bias) on prev's chip, learnable
+        pb = cfg.get("prev_bias")
+        self.prev_bias = None if pb is None else nn.Parameter(
+            torch.tensor(float(pb) + float(torch.log(torch.tensor(max(self.num_chips - 1, 1))))))
         pad = torch.full((self.num_chips,), PAD_LOGIT)
         pad[0] = 0.0
         self.register_buffer("pad_logits", pad, persistent=False)
@@ -173,6 +182,9 @@ class GraphPartitionModule(TorchRLModule, ValueFunctionAPI):
     def _heads(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         h, mask = self.encode(obs)
         logits = self.pi_head(h)  # [B, N_max, C]
+        if self.prev_bias is not None:
+            prev = obs["prev"].reshape(logits.shape[:2]).long().clamp(0, self.num_chips - 1)
+            logits = logits + self.prev_bias * nn.functional.one_hot(prev, self.num_chips).to(logits.dtype)
         logits = torch.where(mask.unsqueeze(-1), logits, self.pad_logits.expand_as(logits))
         m = mask.unsqueeze(-1).float()
         pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)

@@ -53,6 +53,7 @@ from ..solvers.mcm_repair import repair
 FEATURES = ("time_rel_max", "time_share", "out_bytes_sram", "weight_bytes_sram", "log_in_degree",
             "log_out_degree", "topo_position", "time_before")
 REPAIR_MODES = ("fix", "sample", "none")
+INIT_MODES = ("greedy", "zeros")
 
 
 def to_problems(graphs: Any, num_chips: int = 36) -> tuple[list[MCMProblem], list[str]]:
@@ -119,7 +120,8 @@ class MCMPartitionEnv(gym.Env):
     """See the module docstring. ``config`` keys: ``graphs`` (required), ``names`` (default: the
     graphs' names, ``problem{i}`` for bare MCMProblems), ``num_chips`` (36), ``n_max``
     and ``e_max`` (default: the largest graph's), ``rounds`` (4), ``repair`` ("fix"), ``seed`` (0),
-    ``select`` ("round_robin"), ``init`` ("greedy"), ``repair_time_limit_s`` (10.0)."""
+    ``select`` ("round_robin"), ``init`` ("greedy"), ``repair_time_limit_s`` (10.0), ``sample_budget`` (None:
+    samples past it still train but no longer update :attr:`best` and the valid counts)."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
@@ -151,9 +153,11 @@ class MCMPartitionEnv(gym.Env):
         if self.select not in ("round_robin", "random"):
             raise ValueError(f"select is {self.select!r}; allowed: ['round_robin', 'random']")
         self.init = str(config.get("init", "greedy"))
-        if self.init not in ("greedy", "zeros"):
-            raise ValueError(f"init is {self.init!r}; allowed: ['greedy', 'zeros']")
+        if self.init not in INIT_MODES:
+            raise ValueError(f"init is {self.init!r}; allowed: {list(INIT_MODES)}")
         self.time_limit_s = float(config.get("repair_time_limit_s", 10.0))
+        # samples after this many no longer update ``best`` (a PPO iteration may overshoot a search budget)
+        self.sample_budget = config.get("sample_budget")
         # distinct streams per RLlib env runner / sub-env (EnvContext carries the indices)
         base = int(config.get("seed", 0))
         wi, vi = int(getattr(config, "worker_index", 0)), int(getattr(config, "vector_index", 0))
@@ -178,6 +182,8 @@ class MCMPartitionEnv(gym.Env):
         self.best: dict[str, tuple[float, np.ndarray]] = {}
         self.history: dict[str, list[float]] = {n: [] for n in self.names}
         self.total_samples = 0
+        self.valid_samples = 0  # samples (within sample_budget) whose repaired partition is valid
+        self.raw_valid_samples = 0  # samples (within sample_budget) whose raw action y was valid
         self._next = 0
         self._g = 0
         self._t = 0
@@ -263,7 +269,8 @@ class MCMPartitionEnv(gym.Env):
             self._next = (self._next + 1) % len(self.problems)
         self._t = 0
         p = self.problems[self._g]
-        self._prev = self.pad(self.greedy_part(self._g) if self.init == "greedy" else np.zeros(p.num_nodes))
+        start = self.greedy_part(self._g) if self.init == "greedy" else np.zeros(p.num_nodes, np.int64)
+        self._prev = self.pad(start)
         return self._obs(), {"graph": self.names[self._g]}
 
     def step(self, action):
@@ -272,6 +279,7 @@ class MCMPartitionEnv(gym.Env):
         y = np.clip(np.asarray(action, dtype=np.int64).reshape(-1)[:n], 0, c - 1)
         raw = evaluate(p, y)
         raw_valid = bool(raw.valid[0])
+
         status, changed = "none", 0
         if self.repair_mode == "none":
             yr, ok = y, True
@@ -286,8 +294,11 @@ class MCMPartitionEnv(gym.Env):
         thr = float(ev.throughput[0]) if ok else 0.0
         reward = thr / self.baseline(g)
         self.total_samples += 1
+        in_budget = self.sample_budget is None or self.total_samples <= int(self.sample_budget)
+        self.valid_samples += in_budget and thr > 0
+        self.raw_valid_samples += in_budget and raw_valid
         name = self.names[g]
-        if thr > 0 and (name not in self.best or thr > self.best[name][0]):
+        if in_budget and thr > 0 and (name not in self.best or thr > self.best[name][0]):
             self.best[name] = (thr, yr.copy())
         self.history[name].append(self.best[name][0] if name in self.best else 0.0)
         if ok and bool(ev.static_ok[0]):

@@ -1,0 +1,248 @@
+"""PPO with constraint-repaired actions for MCM partitioning: build, train, pre-train, transfer.
+
+The thin Ray layer over :class:`~archplace.algorithms.rl.mcm_env.MCMPartitionEnv` and
+:class:`~archplace.algorithms.rl.gnn_module.GraphPartitionModule` (spec mcm.md §2.5, §5):
+
+* :func:`build_ppo` makes an RLlib new-API-stack PPO ``Algorithm`` from ``tune_configs/mcm_ppo.yaml``
+  (sampling and learning in-process: one env runner, one local learner, so an MCM search is one
+  Ray task and a bench can run several side by side);
+* :func:`rl_search` is one search on one graph with a fixed sample budget, as a
+  :class:`~archplace.algorithms.search.mcm_baselines.SearchTrace`, from scratch, fine-tuned from a
+  pre-trained module state, or zero-shot (the pre-trained policy sampled without any update);
+* :func:`pretrain` trains one policy on many graphs (round robin), scores a checkpoint every
+  ``checkpoint_every`` samples on the validation graphs and keeps the best (paper: 20,000 samples,
+  200 checkpoints, best by average reward on 5 validation graphs).
+
+Every graph is padded to the same ``n_max`` / ``e_max`` (:data:`CORPUS_N_MAX`, :data:`CORPUS_E_MAX`
+cover the corpus): the module's weights do not depend on them, but RLlib's spaces do, and equal
+spaces let a pre-trained state load into a test-graph algorithm as it is.
+
+One sample is one evaluated (repaired) partition, i.e. one environment step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ...simulators.mcm import MCMProblem
+from ..search.mcm_baselines import SearchTrace
+from .mcm_env import MCMPartitionEnv
+
+CONFIG_FILE = "mcm_ppo.yaml"
+CORPUS_N_MAX = 320  # the largest corpus graph has 300 nodes, the test graphs at most 266
+CORPUS_E_MAX = 640
+
+
+def load_config() -> dict[str, Any]:
+    """``tune_configs/mcm_ppo.yaml`` as a dict (sections env, ppo, model, pretraining)."""
+    return yaml.safe_load(resources.files("archplace.tune_configs").joinpath(CONFIG_FILE).read_text())
+
+
+def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
+              ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
+              e_max: int | None = None):
+    """A PPO ``Algorithm`` on ``graphs`` (anything :class:`MCMPartitionEnv` takes). ``env``, ``ppo`` and
+    ``model`` override the YAML sections key by key."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from .gnn_module import GraphPartitionModule
+
+    cfg = load_config()
+    env_cfg = {**cfg["env"], **(env or {}), "graphs": graphs, "num_chips": num_chips, "seed": seed}
+    if n_max is not None:
+        env_cfg["n_max"], env_cfg["e_max"] = n_max, e_max
+    ppo_cfg = {**cfg["ppo"], **(ppo or {})}
+    episodes = int(ppo_cfg.pop("episodes_per_iteration"))
+    rounds = int(env_cfg["rounds"])
+    batch = episodes * rounds
+    minibatches = int(ppo_cfg.pop("num_minibatches"))
+    ppo_cfg["train_batch_size_per_learner"] = batch
+    ppo_cfg["minibatch_size"] = max(1, batch // minibatches)
+    model_cfg = {**cfg["model"], **(model or {})}
+    config = (
+        PPOConfig()
+        .environment(MCMPartitionEnv, env_config=env_cfg)
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=batch)
+        .learners(num_learners=0)
+        .training(**ppo_cfg)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=GraphPartitionModule, model_config=model_cfg))
+        .reporting(metrics_num_episodes_for_smoothing=episodes)
+        .debugging(seed=seed)
+    )
+    return config.build_algo()
+
+
+def env_of(algo) -> MCMPartitionEnv:
+    """The (single) environment of an algorithm built by :func:`build_ppo`."""
+    return algo.env_runner.env.unwrapped.envs[0].unwrapped
+
+
+def module_state(algo) -> dict[str, Any]:
+    """The learner's module weights (numpy arrays), to save or to load into another algorithm."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    return algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+
+
+def load_module_state(algo, state: dict[str, Any]) -> None:
+    """Load ``state`` into the learner and the env runner (the optimizer starts afresh)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    algo.learner_group.set_weights({DEFAULT_MODULE_ID: state})
+    algo.env_runner.module.set_state(state)
+
+
+def train_samples(algo, samples: int, train: bool = True) -> None:
+    """Run until the env has evaluated ``samples`` partitions: PPO iterations, or (``train=False``)
+    sampling from the current policy without updates (zero-shot)."""
+    env = env_of(algo)
+    target = env.total_samples + samples
+    while env.total_samples < target:
+        if train:
+            algo.train()
+        else:
+            algo.env_runner.sample(num_timesteps=min(algo.config.train_batch_size_per_learner,
+                                                     target - env.total_samples), explore=True)
+
+
+@dataclass
+class RLRun:
+    """One RL search: the per-graph trace and the module state at the end."""
+
+    trace: SearchTrace
+    state: dict[str, Any] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: dict | None = None,
+              train: bool = True, repair: str = "fix", env: dict | None = None, ppo: dict | None = None,
+              model: dict | None = None, method: str | None = None, n_max: int = CORPUS_N_MAX,
+              e_max: int = CORPUS_E_MAX, keep_state: bool = False) -> RLRun:
+    """PPO on one graph for ``samples`` evaluated partitions. ``init_state``: start from these module
+    weights (fine-tuning, or zero-shot with ``train=False``); ``repair="none"``: RL without the solver
+    (invalid -> reward 0)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if problem.num_nodes > n_max:
+        raise ValueError(f"graph has {problem.num_nodes} nodes, more than n_max={n_max}")
+    if problem.num_edges > e_max:
+        raise ValueError(f"graph has {problem.num_edges} edges, more than e_max={e_max}")
+    name = method or ("rl" if init_state is None else ("rl_finetune" if train else "rl_zeroshot"))
+    t0 = time.perf_counter()
+    algo = build_ppo([problem], num_chips=problem.num_chips, seed=seed,
+                     env={**(env or {}), "repair": repair, "sample_budget": samples},
+                     ppo=ppo, model=model, n_max=max(n_max, problem.num_nodes),
+                     e_max=max(e_max, problem.num_edges))
+    try:
+        if init_state is not None:
+            load_module_state(algo, init_state)
+        e = env_of(algo)
+        train_samples(algo, samples, train=train)
+        hist = np.asarray(e.history[e.names[0]][:samples], dtype=float)
+        best = e.best.get(e.names[0])
+        state = module_state(algo) if keep_state else None
+    finally:
+        algo.stop()
+    tr = SearchTrace(name, hist, None if best is None else best[1], e.valid_samples, time.perf_counter() - t0,
+                     {"raw_valid_samples": e.raw_valid_samples, "baseline": e.baseline(0)})
+    return RLRun(tr, state)
+
+
+@dataclass
+class PretrainResult:
+    """The chosen checkpoint and the validation curve it was chosen on."""
+
+    best_state: dict[str, Any]
+    best_samples: int
+    best_validation_reward: float
+    checkpoints: list[tuple[int, float]]  # (training samples, mean validation reward)
+    train_reward: list[float]  # mean reward per step of each PPO iteration
+    wall_s: float
+
+
+def validation_reward(algo, val_env: MCMPartitionEnv, episodes: int = 2, seed: int = 0) -> float:
+    """Mean reward per step of ``episodes`` sampled episodes on every validation graph, with a fixed
+    torch seed (the policy is used by sampling, so it is scored by sampling; argmax of an early policy
+    puts whole graphs on one chip and says little)."""
+    import torch
+    from ray.rllib.core.columns import Columns
+
+    module = algo.get_module()
+    gen = torch.Generator().manual_seed(seed)
+    total, steps = 0.0, 0
+    for i in range(len(val_env.problems)):
+        for _ in range(episodes):
+            obs, _ = val_env.reset(options={"graph": i})
+            done = False
+            while not done:
+                batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
+                with torch.no_grad():
+                    out = module.forward_inference({Columns.OBS: batch})
+                logits = out[Columns.ACTION_DIST_INPUTS].reshape(val_env.n_max, -1)
+                y = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(-1)
+                obs, r, done, _, _ = val_env.step(y.numpy())
+                total += r
+                steps += 1
+    return total / max(steps, 1)
+
+
+def pretrain(train_graphs: Any, validation_graphs: Any, *, total_samples: int, checkpoint_every: int,
+             seed: int = 0, num_chips: int = 36, ppo: dict | None = None, model: dict | None = None,
+             n_max: int = CORPUS_N_MAX, e_max: int = CORPUS_E_MAX, log=None) -> PretrainResult:
+    """Multi-graph pre-training (round robin over ``train_graphs``) with checkpoint choice on the
+    validation graphs' mean deterministic reward."""
+    if total_samples < checkpoint_every or checkpoint_every < 1:
+        raise ValueError(f"need 1 <= checkpoint_every ({checkpoint_every}) <= total_samples "
+                         f"({total_samples})")
+    t0 = time.perf_counter()
+    algo = build_ppo(train_graphs, num_chips=num_chips, seed=seed, ppo=ppo, model=model, n_max=n_max,
+                     e_max=e_max, env={"select": "round_robin"})
+    val_env = MCMPartitionEnv({"graphs": validation_graphs, "num_chips": num_chips, "n_max": n_max,
+                               "e_max": e_max, "seed": seed + 1, "rounds": env_of(algo).rounds})
+    rounds = env_of(algo).rounds
+    checkpoints: list[tuple[int, float]] = []
+    train_reward: list[float] = []
+    best = (-1.0, 0, None)
+    try:
+        env = env_of(algo)
+        next_ckpt = checkpoint_every
+        while env.total_samples < total_samples:
+            res = algo.train()
+            train_reward.append(float(res["env_runners"]["episode_return_mean"]) / rounds)
+            if env.total_samples >= next_ckpt or env.total_samples >= total_samples:
+                next_ckpt += checkpoint_every
+                v = validation_reward(algo, val_env)
+                checkpoints.append((env.total_samples, v))
+                if v > best[0]:
+                    best = (v, env.total_samples, module_state(algo))
+                if log:
+                    log(f"pretrain {env.total_samples}/{total_samples} samples: train reward "
+                        f"{train_reward[-1]:.3f}, validation {v:.3f} (best {best[0]:.3f} @ {best[1]})")
+    finally:
+        algo.stop()
+    return PretrainResult(best[2], best[1], best[0], checkpoints, train_reward, time.perf_counter() - t0)
+
+
+def save_state(path, state: dict[str, Any], **meta: Any) -> None:
+    """Write module weights (and JSON-able ``meta``) to an ``.npz`` file."""
+    import json
+
+    np.savez_compressed(path, __meta__=np.array(json.dumps(meta)),
+                        **{k: np.asarray(v) for k, v in state.items()})
+
+
+def load_state(path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Module weights and meta written by :func:`save_state`."""
+    import json
+
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
+        return {k: z[k] for k in z.files if k != "__meta__"}, meta
