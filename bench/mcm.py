@@ -6,9 +6,10 @@ Under the analytical cost model on ``mcm-36`` for the 16 test graphs (LSTM + tra
 seen in pre-training), every method gets the same budget of samples (evaluated partitions):
 
 * Random (uniform distribution through SAMPLE repair), SA (through the solver), RL from scratch (PPO
-  with FIX repair), RL zero-shot (the pre-trained policy sampled, no updates), RL fine-tuned (the
-  pre-trained policy trained further on the graph). Pre-trained weights come from
-  ``bench/mcm_pretrain.py``.
+  with FIX repair), RL on y' (the same, trained on the log-probability of the repaired partition
+  instead of the sampled one: ``train_on: repaired``), RL zero-shot (the pre-trained policy sampled,
+  no updates), RL fine-tuned (the pre-trained policy trained further on the graph). Pre-trained
+  weights come from ``bench/mcm_pretrain.py``.
 * Table 2: samples for the geomean (over graphs) best-so-far throughput / greedy to reach 1.6x, 1.7x,
   1.8x, with the reduction relative to RL from scratch in parentheses.
 * Equal budgets: the geomean improvement of every method at 25%, 50% and 100% of the budget, and PPO's
@@ -16,8 +17,10 @@ seen in pre-training), every method gets the same budget of samples (evaluated p
 * RL without repair (invalid -> reward 0) on the same graphs: valid partitions found.
 * Small graphs (<= 40 nodes, 8 chips): PPO's best against the CP-SAT optimum (target: within 3%).
 
-Runs are Ray tasks (one CPU each). Finished runs are cached in ``bench/results/mcm_runs.json``, so an
-interrupted bench resumes; ``--fresh`` ignores the cache. Writes ``bench/results/mcm.json``.
+Runs are Ray tasks (one CPU each). Finished runs are cached in ``bench/results/mcm_runs.json`` (or
+``--cache``; every ``mcm_runs*.json`` there is read, so two bench processes with different ``--cache``
+files can share the work), an interrupted bench resumes; ``--fresh`` ignores the caches. Writes
+``bench/results/mcm.json``.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("random", "sa", "rl", "rl_zeroshot", "rl_finetune")
+METHODS = ("random", "sa", "rl", "rl_repaired", "rl_zeroshot", "rl_finetune")
 LABELS = {"random": "Random", "sa": "SA", "rl": "RL", "rl_zeroshot": "RL Zeroshot",
-          "rl_finetune": "RL Finetuning", "rl_norepair": "RL w/o repair", "rl_prior": "PPO + keep-prior"}
+          "rl_finetune": "RL Finetuning", "rl_repaired": "RL on y'", "rl_norepair": "RL w/o repair",
+          "rl_prior": "PPO + keep-prior"}
 THRESHOLDS = (1.6, 1.7, 1.8)
 SMALL_GRAPHS = ("cnn00_b2_i32", "dag00_n30_w7", "cnn23_b3_i32", "bert-l1-h256-s128")
 
@@ -57,8 +61,10 @@ def run_one(problem, method: str, samples: int, seed: int, pretrained: str | Non
         if method in ("rl_zeroshot", "rl_finetune"):
             state, _ = load_state(pretrained)
         model = {"prev_bias": 2.0} if method == "rl_prior" else None
+        env = {"train_on": "repaired"} if method == "rl_repaired" else None
         tr = rl_search(problem, samples, seed=seed, init_state=state, train=method != "rl_zeroshot",
-                       repair="none" if method == "rl_norepair" else "fix", method=method, model=model).trace
+                       repair="none" if method == "rl_norepair" else "fix", method=method, model=model,
+                       env=env).trace
     return {"best_so_far": [float(v) for v in tr.best_so_far], "valid_samples": int(tr.valid_samples),
             "raw_valid_samples": int(tr.extra.get("raw_valid_samples", tr.valid_samples)),
             "best_partition": None if tr.best_partition is None else [int(v) for v in tr.best_partition],
@@ -86,6 +92,10 @@ def main() -> None:
     ap.add_argument("--small-samples", type=int, default=600, help="PPO samples on the small graphs")
     ap.add_argument("--exact-time-limit", type=float, default=120.0, help="CP-SAT seconds per small graph")
     ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    ap.add_argument("--runs-only", action="store_true",
+                    help="only the --methods runs on the test graphs (no extras, no report)")
+    ap.add_argument("--cache", default=str(RESULTS / "mcm_runs.json"),
+                    help="this process's run cache (all bench/results/mcm_runs*.json are read)")
     args = ap.parse_args()
 
     import ray
@@ -117,17 +127,22 @@ def main() -> None:
     greedy_tp = {n: greedy(p)[1] for n, p in problems.items()}
     small = {g.name: MCMProblem.from_graph(g.graph, mcm_package(8)) for g in corpus if g.name in SMALL_GRAPHS}
 
-    cache_path = RESULTS / "mcm_runs.json"
-    cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
+    cache_path = Path(args.cache)
+    cache: dict = {}
+    if not args.fresh:  # runs cached by any bench process (each writes only its own file)
+        for f in sorted(RESULTS.glob("mcm_runs*.json")) + ([cache_path] if cache_path.exists() else []):
+            cache.update(json.loads(f.read_text()))
+    mine = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
 
     def key(graph, method, samples, chips=36):
         return f"{graph}|{method}|{samples}|{args.seed}|{chips}"
 
     jobs = [(key(n, m, args.samples), problems[n], m, args.samples) for n in problems for m in methods]
-    jobs += [(key(n, "rl_norepair", args.norepair_samples), problems[n], "rl_norepair", args.norepair_samples)
-             for n in problems]
-    jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
-             for m in ("rl", "rl_prior")]
+    if not args.runs_only:
+        jobs += [(key(n, "rl_norepair", args.norepair_samples), problems[n], "rl_norepair",
+                  args.norepair_samples) for n in problems]
+        jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
+                 for m in ("rl", "rl_prior")]
     todo = [j for j in jobs if j[0] not in cache]
     print(f"{len(jobs)} runs, {len(jobs) - len(todo)} cached, {len(todo)} to do", flush=True)
 
@@ -139,13 +154,15 @@ def main() -> None:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             k = pending.pop(done[0])
-            cache[k] = ray.get(done[0])
+            cache[k] = mine[k] = ray.get(done[0])
             tmp = cache_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache))
+            tmp.write_text(json.dumps(mine))
             tmp.replace(cache_path)
             print(f"[{time.perf_counter() - t0:7.0f} s] {k}: best {cache[k]['best_so_far'][-1]:.1f}, "
                   f"{cache[k]['wall_s']:.0f} s ({len(pending)} left)", flush=True)
         ray.shutdown()
+    if args.runs_only:
+        return
 
     # ---------------------------------------------------------------- Table 2 and equal budgets
     curves = {m: np.array([np.asarray(cache[key(n, m, args.samples)]["best_so_far"]) / greedy_tp[n]
@@ -209,7 +226,7 @@ def main() -> None:
     for n, p in small.items():
         ek = f"{n}|8|{args.exact_time_limit}"
         if ek not in exact:
-            ex = solve_exact(p, time_limit_s=args.exact_time_limit, num_workers=max(args.workers, 1))
+            ex = solve_exact(p, time_limit_s=args.exact_time_limit, num_workers=8)
             exact[ek] = {"throughput": ex.throughput, "status": ex.status, "gap": ex.gap, "wall_s": ex.wall_s}
             ex_cache.write_text(json.dumps(exact, indent=1))
         ex = exact[ek]

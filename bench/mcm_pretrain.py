@@ -1,6 +1,6 @@
 """Pre-train the MCM partitioning policy on the corpus's training graphs (spec mcm.md §5.1).
 
-    python bench/mcm_pretrain.py [--samples 20000] [--checkpoint-every 500] [--seed 0]
+    python bench/mcm_pretrain.py [--samples 20000] [--checkpoint-every 500] [--seed 0]  (defaults: the YAML)
 
 PPO (tune_configs/mcm_ppo.yaml) over the 66 training graphs (synthetic + CNN) round robin on mcm-36; every
 ``--checkpoint-every`` samples the policy's deterministic reward on the 5 validation graphs (RNN) is
@@ -21,8 +21,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=20000, help="training samples (paper: 20,000)")
-    ap.add_argument("--checkpoint-every", type=int, default=500, help="samples between checkpoints")
+    from archplace.algorithms.rl.mcm_ppo import load_config
+
+    pre = load_config()["pretraining"]
+    ap.add_argument("--samples", type=int, default=pre["total_samples"],
+                    help="training samples (paper: 20,000)")
+    ap.add_argument("--checkpoint-every", type=int, default=pre["checkpoint_every"],
+                    help="samples between checkpoints")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", default=str(RESULTS / "mcm_pretrained.npz"))

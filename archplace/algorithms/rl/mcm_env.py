@@ -306,5 +306,6 @@ class MCMPartitionEnv(gym.Env):
         self._t += 1
         info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
                 "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
-                "graph": name, "round": self._t, "repair_status": status}
+                "graph": name, "round": self._t, "repair_status": status,
+                "repaired_action": self.pad(yr) if ok else self.pad(y)}
         return self._obs(), float(reward), self._t >= self.rounds, False, info

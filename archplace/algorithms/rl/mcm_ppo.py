@@ -44,6 +44,35 @@ def load_config() -> dict[str, Any]:
     return yaml.safe_load(resources.files("archplace.tune_configs").joinpath(CONFIG_FILE).read_text())
 
 
+TRAIN_ON = ("sampled", "repaired")
+
+
+def _repaired_action_callback():
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+    from ray.rllib.core.columns import Columns
+
+    class RepairedActionCallback(RLlibCallback):
+        """``train_on: repaired``: after every step, the episode's action becomes the repaired partition
+        y' (from ``info["repaired_action"]``) and its behaviour log-probability is recomputed from the
+        stored logits, so PPO's ratio and gradient are those of y', the partition that was evaluated
+        (spec §2.3 option (b): the solver as part of the policy)."""
+
+        def on_episode_step(self, *, episode, **kwargs) -> None:
+            info = episode.get_infos(-1)
+            if not isinstance(info, dict) or "repaired_action" not in info:
+                return
+            y = np.asarray(info["repaired_action"], dtype=np.int64)
+            logits = np.asarray(episode.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS, -1), np.float64)
+            lg = logits.reshape(len(y), -1)
+            lg = lg - lg.max(-1, keepdims=True)
+            logp = lg[np.arange(len(y)), y] - np.log(np.exp(lg).sum(-1))
+            episode.set_actions(new_data=y, at_indices=-1)
+            episode.set_extra_model_outputs(key=Columns.ACTION_LOGP, new_data=np.float32(logp.sum()),
+                                            at_indices=-1)
+
+    return RepairedActionCallback
+
+
 def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
               ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
               e_max: int | None = None):
@@ -56,6 +85,9 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
 
     cfg = load_config()
     env_cfg = {**cfg["env"], **(env or {}), "graphs": graphs, "num_chips": num_chips, "seed": seed}
+    train_on = env_cfg.pop("train_on", "sampled")
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on is {train_on!r}; allowed: {list(TRAIN_ON)}")
     if n_max is not None:
         env_cfg["n_max"], env_cfg["e_max"] = n_max, e_max
     ppo_cfg = {**cfg["ppo"], **(ppo or {})}
@@ -77,6 +109,8 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
         .reporting(metrics_num_episodes_for_smoothing=episodes)
         .debugging(seed=seed)
     )
+    if train_on == "repaired":
+        config = config.callbacks(_repaired_action_callback())
     return config.build_algo()
 
 
