@@ -12,8 +12,10 @@ as is, the paper's RL-without-solver baseline), evaluates y'^(t) with the analyt
 y'^(t-1) in ``prev`` and t / T in ``round`` (the value function needs to know how many rewards are
 left: without it PPO's advantages are dominated by the step index and nothing is learnt at T = 4);
 y'^(0) is the greedy-repaired partition (``init="greedy"``, our choice: the paper
-leaves y^(0) open) or all zeros (``init="zeros"``). The PPO log-probability is that of y, the sampled
-action: the solver is part of the environment (spec §2.3 option (a)).
+leaves y^(0) open) or all zeros (``init="zeros"``). By default the PPO log-probability is that of y, the
+sampled action: the solver is part of the environment (spec §2.3 option (a)); with ``train_on: repaired``
+(:func:`archplace.algorithms.rl.mcm_ppo.build_ppo`) a callback swaps in y' from ``info["repaired_action"]``
+and its log-probability (option (b)).
 
 Design choices the paper leaves open (all ours):
 
@@ -33,7 +35,8 @@ Design choices the paper leaves open (all ours):
 
 ``info`` per step: ``raw_valid`` (y itself valid, memory included), ``repaired_valid``, ``throughput``
 (of y'), ``reward``, ``changed`` (nodes the repair moved), ``samples`` (1: one evaluation is one
-sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``.
+sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``,
+``repaired_action`` (y' padded to ``N_max``; y itself when the repair found nothing).
 The best partition found per graph is kept in :attr:`MCMPartitionEnv.best` (name -> (throughput,
 partition)) and the per-graph best-so-far curve in :attr:`MCMPartitionEnv.history`.
 """
