@@ -131,11 +131,13 @@ def main() -> None:
     small = {g.name: MCMProblem.from_graph(g.graph, mcm_package(8)) for g in corpus if g.name in SMALL_GRAPHS}
 
     cache_path = Path(args.cache)
+    mine = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
     cache: dict = {}
     if not args.fresh:  # runs cached by any bench process (each writes only its own file)
-        for f in sorted(RESULTS.glob("mcm_runs*.json")) + ([cache_path] if cache_path.exists() else []):
-            cache.update(json.loads(f.read_text()))
-    mine = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
+        for f in sorted(RESULTS.glob("mcm_runs*.json")):
+            if f.resolve() != cache_path.resolve():
+                cache.update(json.loads(f.read_text()))
+    cache.update(mine)
 
     def key(graph, method, samples, chips=36):
         return f"{graph}|{method}|{samples}|{args.seed}|{chips}"

@@ -63,7 +63,7 @@ import numpy as np
 
 from ..hardware.accelerator import Accelerator
 from ..hardware.presets import MCM_LINK_BW_BYTES_PER_S, Cluster, mcm_package
-from ..workloads.graph import OpGraph
+from ..workloads.graph import OpGraph, kahn_order
 
 MAX_CHIPS = 64  # one uint64 bitmask per chip in the eq4 check
 MB = float(2**20)
@@ -284,28 +284,12 @@ class MCMProblem:
 
 
 def _kahn(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    import heapq
-
     if len(src) != len(dst) or ((src < 0) | (src >= n) | (dst < 0) | (dst >= n)).any():
         raise ValueError(f"MCMProblem fields 'src'/'dst' must be equal-length op ids in [0, {n})")
-    indeg = np.bincount(dst, minlength=n)
-    order = np.argsort(src, kind="stable")
-    starts = np.searchsorted(src[order], np.arange(n + 1))
-    succ = dst[order]
-    ready = [int(i) for i in np.flatnonzero(indeg == 0)]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        u = heapq.heappop(ready)
-        out.append(u)
-        for v in succ[starts[u]:starts[u + 1]]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                heapq.heappush(ready, int(v))
-    if len(out) != n:
-        raise ValueError(f"MCMProblem fields 'src'/'dst': the edges form a cycle through op "
-                         f"{int(np.flatnonzero(indeg > 0)[0])}")
-    return np.asarray(out, dtype=np.int64)
+    order, stuck = kahn_order(n, src, dst)
+    if stuck >= 0:
+        raise ValueError(f"MCMProblem fields 'src'/'dst': the edges form a cycle through op {stuck}")
+    return order
 
 
 # ---------------------------------------------------------------------------------------- batches
@@ -359,6 +343,11 @@ def _flat_chip(f: np.ndarray, c: int) -> np.ndarray:
     return (f + (np.arange(f.shape[0]) * c)[:, None]).ravel()
 
 
+def _per_chip(fi: np.ndarray, rows: int, c: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """``[rows, c]`` sums of ``weights`` (counts without) per row and chip, ``fi`` from :func:`_flat_chip`."""
+    return np.bincount(fi, weights=weights, minlength=rows * c).reshape(rows, c)
+
+
 def _gather(f: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``f[:, idx]`` as a C-contiguous array (fancy indexing on axis 1 returns a Fortran-ordered one,
     which makes every later row-wise operation strided)."""
@@ -405,7 +394,7 @@ def _static_chunk(problem: MCMProblem, f: np.ndarray,
     fs, fd = _gather(f, problem.src), _gather(f, problem.dst)
     eq2 = (fs > fd).any(axis=1)
     if count is None:
-        count = np.bincount(_flat_chip(f, c), minlength=f.shape[0] * c).reshape(-1, c)
+        count = _per_chip(_flat_chip(f, c), f.shape[0], c)
     eq3 = (count > 0).sum(axis=1) != f.max(axis=1) + 1
     a_bits, _, r2 = _reachability(_chip_adjacency(problem, f, fs, fd))
     eq4 = ((a_bits & r2) != 0).any(axis=0)
@@ -492,8 +481,7 @@ def memory_peak_bytes(problem: MCMProblem, parts: Any) -> np.ndarray:
     peak = np.zeros((b, c))
     for sl in _chunks(b, scratch.rows):
         fc = f[sl]
-        resident = np.bincount(_flat_chip(fc, c), weights=scratch.tile("weight_bytes", fc.shape[0]),
-                               minlength=fc.shape[0] * c).reshape(-1, c)
+        resident = _per_chip(_flat_chip(fc, c), fc.shape[0], c, scratch.tile("weight_bytes", fc.shape[0]))
         peak[sl] = resident + _live_peak_rows(problem, _sorted_keys(problem, fc), scratch)
     return peak
 
@@ -511,8 +499,7 @@ def chip_latency_s(problem: MCMProblem, parts: Any) -> np.ndarray:
     out = np.zeros((b, c))
     for sl in _chunks(b, scratch.rows):
         fc = f[sl]
-        compute = np.bincount(_flat_chip(fc, c), weights=scratch.tile("time_s", fc.shape[0]),
-                              minlength=fc.shape[0] * c).reshape(-1, c)
+        compute = _per_chip(_flat_chip(fc, c), fc.shape[0], c, scratch.tile("time_s", fc.shape[0]))
         link = _link_s(problem, fc, _far_chip(problem, fc), scratch.tile("out_bytes", fc.shape[0]))
         out[sl] = compute + link
     return out
@@ -546,14 +533,14 @@ def evaluate(problem: MCMProblem, parts: Any) -> EvalResult:
         fc = f[sl]
         bc = fc.shape[0]
         fi = _flat_chip(fc, c)
-        count = np.bincount(fi, minlength=bc * c).reshape(bc, c)
+        count = _per_chip(fi, bc, c)
         eq2, eq3, eq4 = _static_chunk(problem, fc, count)
         static_ok[sl] = ~(eq2 | eq3 | eq4)
         keys = _sorted_keys(problem, fc)
         m = ((_gather(keys, pre.grp_last) >> pre.nb) & ((1 << pre.cb) - 1)).astype(np.int64)  # far chips
-        compute = np.bincount(fi, weights=scratch.tile("time_s", bc), minlength=bc * c).reshape(bc, c)
+        compute = _per_chip(fi, bc, c, scratch.tile("time_s", bc))
         lat[sl] = compute + _link_s(problem, fc, m, scratch.tile("out_bytes", bc))
-        resident = np.bincount(fi, weights=scratch.tile("weight_bytes", bc), minlength=bc * c).reshape(bc, c)
+        resident = _per_chip(fi, bc, c, scratch.tile("weight_bytes", bc))
         peak[sl] = resident + _live_peak_rows(problem, keys, scratch)
     memory_ok = (peak <= problem.sram_bytes).all(axis=1)
     valid = static_ok & memory_ok

@@ -17,6 +17,29 @@ import numpy as np
 
 from .ops import CORE_CLASSES, OP_KINDS
 
+
+def kahn_order(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int]:
+    """Kahn's topological order of ``n`` nodes (smallest ready node first, so deterministic) and ``-1``;
+    on a cycle, the nodes ordered so far and a node on or behind the cycle."""
+    import heapq
+
+    indeg = np.bincount(dst, minlength=n)
+    order = np.argsort(src, kind="stable")
+    starts = np.searchsorted(src[order], np.arange(n + 1))
+    succ = dst[order]
+    ready = [int(i) for i in np.flatnonzero(indeg == 0)]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        u = heapq.heappop(ready)
+        out.append(u)
+        for v in succ[starts[u]:starts[u + 1]]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ready, int(v))
+    stuck = int(np.flatnonzero(indeg > 0)[0]) if len(out) != n else -1
+    return np.asarray(out, dtype=np.int64), stuck
+
 # Node columns and their dtypes. Units: *_bytes in bytes, flops in floating-point operations
 # (a multiply-add counts 2). GEMM dimensions are (batch, m, n, k) with flops = 2·b·m·n·k; zero when
 # the op is not a GEMM.
@@ -231,29 +254,12 @@ class OpGraph:
         cached = getattr(self, "_topo", None)
         if cached is not None and getattr(self, "_topo_key", None) == self.num_edges:
             return cached
-        n = self.num_nodes
         src, dst = self.edge_pos
-        indeg = np.bincount(dst, minlength=n)
-        order = np.argsort(src, kind="stable")
-        starts = np.searchsorted(src[order], np.arange(n + 1))
-        succ = dst[order]
-        import heapq
-        ready = [int(i) for i in np.flatnonzero(indeg == 0)]
-        heapq.heapify(ready)
-        indeg = indeg.copy()
-        out = []
-        while ready:
-            u = heapq.heappop(ready)
-            out.append(u)
-            for v in succ[starts[u]:starts[u + 1]]:
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    heapq.heappush(ready, int(v))
-        if len(out) != n:
-            stuck = int(np.flatnonzero(indeg > 0)[0])
+        order, stuck = kahn_order(self.num_nodes, src, dst)
+        if stuck >= 0:
             raise ValueError(f"node {self.nodes['id'][stuck]} ({self.nodes['name'][stuck]}): "
                              "lies on a cycle; an operator graph must be acyclic")
-        self._topo = np.asarray(out, dtype=np.int64)
+        self._topo = order
         self._topo_key = self.num_edges
         return self._topo
 

@@ -39,6 +39,7 @@ in our runs it helped on a 24-node graph over 8 chips, 1.56x -> 1.67x greedy, th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -142,7 +143,7 @@ class GraphPartitionModule(TorchRLModule, ValueFunctionAPI):
         # keep-the-previous-chip prior: logit + (log(C-1) + prev_bias) on prev's chip, learnable
         pb = cfg.get("prev_bias")
         self.prev_bias = None if pb is None else nn.Parameter(
-            torch.tensor(float(pb) + float(torch.log(torch.tensor(max(self.num_chips - 1, 1))))))
+            torch.tensor(float(pb) + math.log(max(self.num_chips - 1, 1))))
         pad = torch.full((self.num_chips,), PAD_LOGIT)
         pad[0] = 0.0
         self.register_buffer("pad_logits", pad, persistent=False)

@@ -310,5 +310,5 @@ class MCMPartitionEnv(gym.Env):
         info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
                 "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
                 "graph": name, "round": self._t, "repair_status": status,
-                "repaired_action": self.pad(yr) if ok else self.pad(y)}
+                "repaired_action": self.pad(yr)}
         return self._obs(), float(reward), self._t >= self.rounds, False, info

@@ -22,8 +22,9 @@ One sample is one evaluated (repaired) partition, i.e. one environment step.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -153,7 +154,6 @@ class RLRun:
 
     trace: SearchTrace
     state: dict[str, Any] | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: dict | None = None,
@@ -162,13 +162,10 @@ def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: d
               e_max: int = CORPUS_E_MAX, keep_state: bool = False) -> RLRun:
     """PPO on one graph for ``samples`` evaluated partitions. ``init_state``: start from these module
     weights (fine-tuning, or zero-shot with ``train=False``); ``repair="none"``: RL without the solver
-    (invalid -> reward 0)."""
+    (invalid -> reward 0). A graph larger than ``n_max`` / ``e_max`` widens the padding (the weights do not
+    depend on it)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    if problem.num_nodes > n_max:
-        raise ValueError(f"graph has {problem.num_nodes} nodes, more than n_max={n_max}")
-    if problem.num_edges > e_max:
-        raise ValueError(f"graph has {problem.num_edges} edges, more than e_max={e_max}")
     name = method or ("rl" if init_state is None else ("rl_finetune" if train else "rl_zeroshot"))
     t0 = time.perf_counter()
     algo = build_ppo([problem], num_chips=problem.num_chips, seed=seed,
@@ -239,18 +236,17 @@ def pretrain(train_graphs: Any, validation_graphs: Any, *, total_samples: int, c
     t0 = time.perf_counter()
     algo = build_ppo(train_graphs, num_chips=num_chips, seed=seed, ppo=ppo, model=model, n_max=n_max,
                      e_max=e_max, env={"select": "round_robin"})
+    env = env_of(algo)
     val_env = MCMPartitionEnv({"graphs": validation_graphs, "num_chips": num_chips, "n_max": n_max,
-                               "e_max": e_max, "seed": seed + 1, "rounds": env_of(algo).rounds})
-    rounds = env_of(algo).rounds
+                               "e_max": e_max, "seed": seed + 1, "rounds": env.rounds})
     checkpoints: list[tuple[int, float]] = []
     train_reward: list[float] = []
     best = (-1.0, 0, None)
     try:
-        env = env_of(algo)
         next_ckpt = checkpoint_every
         while env.total_samples < total_samples:
             res = algo.train()
-            train_reward.append(float(res["env_runners"]["episode_return_mean"]) / rounds)
+            train_reward.append(float(res["env_runners"]["episode_return_mean"]) / env.rounds)
             if env.total_samples >= next_ckpt or env.total_samples >= total_samples:
                 next_ckpt += checkpoint_every
                 v = validation_reward(algo, val_env)
@@ -267,16 +263,12 @@ def pretrain(train_graphs: Any, validation_graphs: Any, *, total_samples: int, c
 
 def save_state(path, state: dict[str, Any], **meta: Any) -> None:
     """Write module weights (and JSON-able ``meta``) to an ``.npz`` file."""
-    import json
-
     np.savez_compressed(path, __meta__=np.array(json.dumps(meta)),
                         **{k: np.asarray(v) for k, v in state.items()})
 
 
 def load_state(path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Module weights and meta written by :func:`save_state`."""
-    import json
-
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
         return {k: z[k] for k in z.files if k != "__meta__"}, meta
