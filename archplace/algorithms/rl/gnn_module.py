@@ -135,8 +135,10 @@ class GraphPartitionModule(TorchRLModule, ValueFunctionAPI):
             raise ValueError(f"observation x has {x_space.shape[0]} rows, the action space {self.n_max}")
         self.num_features = int(x_space.shape[1])
         self.has_round = "round" in self.observation_space.spaces
+        self.has_load = "chip_load" in self.observation_space.spaces
         hid = int(cfg["hidden"])
-        dims = [self.num_features + self.num_chips + int(self.has_round)] + [hid] * int(cfg["num_layers"])
+        n_in = self.num_features + self.num_chips + int(self.has_round) + (self.num_chips + 1) * self.has_load
+        dims = [n_in] + [hid] * int(cfg["num_layers"])
         self.convs = nn.ModuleList(SAGEConv(a, b, aggr=cfg["aggr"]) for a, b in zip(dims[:-1], dims[1:]))
         self.pi_head = _mlp([hid, *cfg["head_hiddens"]], self.num_chips)
         self.vf_head = _mlp([hid, *cfg["vf_hiddens"]], 1)
@@ -160,6 +162,9 @@ class GraphPartitionModule(TorchRLModule, ValueFunctionAPI):
         parts = [x, nn.functional.one_hot(prev, self.num_chips).float()]
         if self.has_round:
             parts.append(obs["round"].reshape(bsz, 1, 1).float().expand(bsz, n_max, 1))
+        if self.has_load:  # every chip's load under prev (C channels) and the node's own chip's load
+            load = obs["chip_load"].reshape(bsz, 1, self.num_chips).float()
+            parts += [load.expand(bsz, n_max, self.num_chips), load.squeeze(1).gather(1, prev).unsqueeze(-1)]
         h = torch.cat(parts, dim=-1)
         flat_mask = mask.reshape(-1)
         h = h.reshape(bsz * n_max, -1)[flat_mask]  # real nodes only: padding costs no compute

@@ -49,14 +49,14 @@ import gymnasium as gym
 import numpy as np
 
 from ...hardware.presets import mcm_package
-from ...simulators.mcm import MCMProblem, evaluate, greedy_partition, static_valid
+from ...simulators.mcm import MCMProblem, chip_latency_s, evaluate, greedy_partition, static_valid
 from ...workloads.graph import OpGraph
 from ..solvers.mcm_repair import repair
 
 FEATURES = ("time_rel_max", "time_share", "out_bytes_sram", "weight_bytes_sram", "log_in_degree",
             "log_out_degree", "topo_position", "time_before")
 REPAIR_MODES = ("fix", "sample", "none")
-INIT_MODES = ("greedy", "zeros")
+INIT_MODES = ("greedy", "zeros", "best")
 
 
 def to_problems(graphs: Any, num_chips: int = 36) -> tuple[list[MCMProblem], list[str]]:
@@ -159,6 +159,7 @@ class MCMPartitionEnv(gym.Env):
         if self.init not in INIT_MODES:
             raise ValueError(f"init is {self.init!r}; allowed: {list(INIT_MODES)}")
         self.time_limit_s = float(config.get("repair_time_limit_s", 10.0))
+        self.load_features = bool(config.get("load_features", False))
         # samples after this many no longer update ``best`` (a PPO iteration may overshoot a search budget)
         self.sample_budget = config.get("sample_budget")
         # distinct streams per RLlib env runner / sub-env (EnvContext carries the indices)
@@ -176,6 +177,8 @@ class MCMPartitionEnv(gym.Env):
             "prev": gym.spaces.Box(0, c - 1, (nm,), np.int64),
             "round": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
         })
+        if self.load_features:
+            self.observation_space["chip_load"] = gym.spaces.Box(0.0, 1.0, (c,), np.float32)
         self.action_space = gym.spaces.MultiDiscrete(np.full(nm, c, dtype=np.int64))
 
         self._static = [self._static_obs(p) for p in self.problems]
@@ -205,8 +208,14 @@ class MCMPartitionEnv(gym.Env):
                 "num_edges": np.array([p.num_edges], np.int64), "node_mask": mask}
 
     def _obs(self) -> dict[str, np.ndarray]:
-        return {**self._static[self._g], "prev": self._prev.copy(),
-                "round": np.array([self._t / self.rounds], np.float32)}
+        obs = {**self._static[self._g], "prev": self._prev.copy(),
+               "round": np.array([self._t / self.rounds], np.float32)}
+        if self.load_features:
+            p = self.problems[self._g]
+            lat = chip_latency_s(p, self._prev[:p.num_nodes])[0]
+            top = float(lat.max())
+            obs["chip_load"] = (lat / top if top > 0 else np.zeros_like(lat)).astype(np.float32)
+        return obs
 
     def _repair(self, p: MCMProblem, y: np.ndarray, mode: str, seed: int):
         probs = None
@@ -272,7 +281,13 @@ class MCMPartitionEnv(gym.Env):
             self._next = (self._next + 1) % len(self.problems)
         self._t = 0
         p = self.problems[self._g]
-        start = self.greedy_part(self._g) if self.init == "greedy" else np.zeros(p.num_nodes, np.int64)
+        name = self.names[self._g]
+        if self.init == "best" and name in self.best:
+            start = self.best[name][1]  # incumbent-anchored refinement: the episode starts from the best
+        elif self.init == "zeros":
+            start = np.zeros(p.num_nodes, np.int64)
+        else:
+            start = self.greedy_part(self._g)
         self._prev = self.pad(start)
         return self._obs(), {"graph": self.names[self._g]}
 

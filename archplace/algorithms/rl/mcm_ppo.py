@@ -74,6 +74,33 @@ def _repaired_action_callback():
     return RepairedActionCallback
 
 
+MAX_LOG_RATIO = 20.0
+
+
+def _bounded_ratio_learner():
+    import torch
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+    from ray.rllib.core.columns import Columns
+
+    class BoundedRatioPPOLearner(PPOTorchLearner):
+        """PPO's loss with the joint log-ratio bounded to +-:data:`MAX_LOG_RATIO`. The ratio is that of a
+        whole partition (a sum over N nodes): after a few epochs on y' it can pass exp(88), and one
+        infinite ratio, even at a masked-out step, turns every gradient into NaN (0 * inf). The bound
+        moves the stored behaviour log-probability, so RLlib's loss is otherwise unchanged."""
+
+        def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+            module = self.module[module_id].unwrapped()
+            dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+            curr = dist.logp(batch[Columns.ACTIONS]).detach()
+            batch = dict(batch)
+            batch[Columns.ACTION_LOGP] = torch.clamp(batch[Columns.ACTION_LOGP], curr - MAX_LOG_RATIO,
+                                                     curr + MAX_LOG_RATIO)
+            return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch,
+                                                   fwd_out=fwd_out)
+
+    return BoundedRatioPPOLearner
+
+
 def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
               ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
               e_max: int | None = None):
@@ -105,7 +132,7 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
         .framework("torch")
         .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=batch)
         .learners(num_learners=0)
-        .training(**ppo_cfg)
+        .training(**ppo_cfg, learner_class=_bounded_ratio_learner())
         .rl_module(rl_module_spec=RLModuleSpec(module_class=GraphPartitionModule, model_config=model_cfg))
         .reporting(metrics_num_episodes_for_smoothing=episodes)
         .debugging(seed=seed)
