@@ -15,7 +15,10 @@ seen in pre-training), every method gets the same budget of samples (evaluated p
 * Equal budgets: the geomean improvement of every method at 25%, 50% and 100% of the budget, and PPO's
   gain over Random and SA (paper: +4.36% and +6.49%).
 * RL without repair (invalid -> reward 0) on the same graphs: valid partitions found.
-* Small graphs (<= 40 nodes, 8 chips): PPO's best against the CP-SAT optimum (target: within 3%).
+* Small graphs (<= 48 nodes, 8 chips): every method's best against the CP-SAT optimum (target for PPO:
+  within 3%). Four corpus graphs (two CNNs and a DAG from the training families, bert-l1 from the test
+  set) and two held-out two-step LSTMs; the PPO variants include "PPO refine", an incumbent-anchored
+  local search (:data:`REFINE`). ``--small-only`` runs and prints just this part (``mcm_small.json``).
 
 Runs are Ray tasks (one CPU each). Finished runs are cached in ``bench/results/mcm_runs.json`` (or
 ``--cache``; every ``mcm_runs*.json`` there is read, so two bench processes with different ``--cache``
@@ -36,10 +39,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "sa", "rl", "rl_repaired", "rl_zeroshot", "rl_finetune")
 LABELS = {"random": "Random", "sa": "SA", "rl": "RL", "rl_zeroshot": "RL Zeroshot",
           "rl_finetune": "RL Finetuning", "rl_repaired": "RL on y'", "rl_norepair": "RL w/o repair",
-          "rl_prior": "PPO + keep-prior"}
+          "rl_prior": "PPO + keep-prior", "rl_refine": "PPO refine"}
 THRESHOLDS = (1.6, 1.7, 1.8)
-SMALL_METHODS = ("random", "sa", "rl", "rl_repaired", "rl_prior")
-SMALL_GRAPHS = ("cnn00_b2_i32", "dag00_n30_w7", "cnn23_b3_i32", "bert-l1-h256-s128")
+SMALL_METHODS = ("random", "sa", "rl", "rl_repaired", "rl_prior", "rl_refine")
+SMALL_PPO = ("rl", "rl_repaired", "rl_prior", "rl_refine")
+SMALL_GRAPHS = ("cnn00_b2_i32", "dag00_n30_w7", "cnn23_b3_i32", "bert-l1-h256-s128")  # from the corpus
+# held-out small graphs of a test family (LSTM, never trained on): two unrolled steps, <= 48 ops
+SMALL_LSTMS = {"lstm-s0_t2_h256": (2, 256, 101, 32), "lstm-s1_t2_h512": (2, 512, 102, 64)}
+# PPO as an incumbent-anchored local search (ours): trained on y', every episode starts from the best
+# partition so far, the keep-prior on, the previous partition's per-chip loads in the observation
+REFINE = {"env": {"train_on": "repaired", "init": "best", "load_features": True}, "model": {"prev_bias": 2.0}}
 
 
 def run_one(problem, method: str, samples: int, seed: int, pretrained: str | None) -> dict:
@@ -63,6 +72,8 @@ def run_one(problem, method: str, samples: int, seed: int, pretrained: str | Non
             state, _ = load_state(pretrained)
         model = {"prev_bias": 2.0} if method == "rl_prior" else None
         env = {"train_on": "repaired"} if method == "rl_repaired" else None
+        if method == "rl_refine":
+            env, model = REFINE["env"], REFINE["model"]
         tr = rl_search(problem, samples, seed=seed, init_state=state, train=method != "rl_zeroshot",
                        repair="none" if method == "rl_norepair" else "fix", method=method, model=model,
                        env=env).trace
@@ -97,6 +108,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
     ap.add_argument("--runs-only", action="store_true",
                     help="only the --methods runs on the test graphs (no extras, no report)")
+    ap.add_argument("--small-only", action="store_true", help="only the small graphs against CP-SAT")
     ap.add_argument("--cache", default=str(RESULTS / "mcm_runs.json"),
                     help="this process's run cache (all bench/results/mcm_runs*.json are read)")
     args = ap.parse_args()
@@ -108,6 +120,7 @@ def main() -> None:
     from archplace.hardware.presets import mcm_package
     from archplace.simulators.mcm import MCMProblem
     from archplace.workloads.corpus import mcm_corpus, split_by_family
+    from archplace.workloads.synthetic import rnn_graph
 
     methods = [m for m in args.methods.split(",") if m]
     bad = sorted(set(methods) - set(METHODS))
@@ -118,6 +131,7 @@ def main() -> None:
                          "or leave rl_zeroshot,rl_finetune out of --methods")
     corpus = mcm_corpus(seed=0)
     split = split_by_family(corpus)
+    test_families = {g.family for g in split["test"]}
     test = split["test"]
     if args.graphs:
         names = args.graphs.split(",")
@@ -129,6 +143,10 @@ def main() -> None:
     problems = {g.name: MCMProblem.from_graph(g.graph, pkg) for g in test}
     greedy_tp = {n: greedy(p)[1] for n, p in problems.items()}
     small = {g.name: MCMProblem.from_graph(g.graph, mcm_package(8)) for g in corpus if g.name in SMALL_GRAPHS}
+    small_family = {g.name: g.family for g in corpus if g.name in SMALL_GRAPHS}
+    for n, (steps, hidden, seed, batch) in SMALL_LSTMS.items():
+        g = rnn_graph(steps, hidden, seed, batch=batch, cell="lstm", bytes_per_element=1)
+        small[n], small_family[n] = MCMProblem.from_graph(g, mcm_package(8)), "lstm"
 
     cache_path = Path(args.cache)
     mine = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
@@ -142,8 +160,12 @@ def main() -> None:
     def key(graph, method, samples, chips=36):
         return f"{graph}|{method}|{samples}|{args.seed}|{chips}"
 
-    jobs = [(key(n, m, args.samples), problems[n], m, args.samples) for n in problems for m in methods]
-    if not args.runs_only:
+    jobs = [] if args.small_only else [(key(n, m, args.samples), problems[n], m, args.samples)
+                                       for n in problems for m in methods]
+    if args.small_only:
+        jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
+                 for m in SMALL_METHODS]
+    elif not args.runs_only:
         jobs += [(key(n, "rl_norepair", args.norepair_samples), problems[n], "rl_norepair",
                   args.norepair_samples) for n in problems]
         jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
@@ -166,7 +188,47 @@ def main() -> None:
             print(f"[{time.perf_counter() - t0:7.0f} s] {k}: best {cache[k]['best_so_far'][-1]:.1f}, "
                   f"{cache[k]['wall_s']:.0f} s ({len(pending)} left)", flush=True)
         ray.shutdown()
+
+    def small_report() -> dict:
+        """The small graphs against the CP-SAT optimum: prints the table, returns its rows."""
+        print(f"\nSmall graphs on 8 chips: every method {args.small_samples} samples, against the CP-SAT "
+              "optimum (gap = 1 - best / optimum)")
+        print(f"{'graph':<22}{'family':>12}{'nodes':>6}{'CP-SAT':>10}{'status':>9}{'s':>6}"
+              + "".join(f"{LABELS[m]:>17}{'gap':>8}" for m in SMALL_METHODS))
+        res: dict = {}
+        ex_cache = RESULTS / "mcm_exact.json"
+        exact = {} if args.fresh or not ex_cache.exists() else json.loads(ex_cache.read_text())
+        for n, p in small.items():
+            ek = f"{n}|8|{args.exact_time_limit}"
+            if "partition" not in exact.get(ek, {}):
+                ex = solve_exact(p, time_limit_s=args.exact_time_limit, num_workers=8)
+                exact[ek] = {"throughput": ex.throughput, "status": ex.status, "gap": ex.gap,
+                             "wall_s": ex.wall_s,
+                             "partition": None if ex.partition is None else [int(v) for v in ex.partition]}
+                ex_cache.write_text(json.dumps(exact, indent=1))
+            ex = exact[ek]
+            row = {"family": small_family[n], "nodes": p.num_nodes,
+                   **{f"exact_{k}": v for k, v in ex.items() if k != "partition"}}
+            cells = ""
+            for m in SMALL_METHODS:
+                best = cache[key(n, m, args.small_samples, 8)]["best_so_far"][-1]
+                row[m], row[f"{m}_gap"] = best, 1 - best / ex["throughput"]
+                cells += f"{best:>17.0f}{row[f'{m}_gap']:>8.2%}"
+            res[n] = row
+            print(f"{n:<22}{small_family[n]:>12}{p.num_nodes:>6}{ex['throughput']:>10.0f}{ex['status']:>9}"
+                  f"{ex['wall_s']:>6.0f}{cells}")
+        held = [n for n in res if small_family[n] in test_families]
+        for m in SMALL_PPO:
+            ok = [n for n in res if res[n][f"{m}_gap"] <= 0.03]
+            print(f"{LABELS[m]}: within 3% of the optimum on {len(ok)}/{len(res)} small graphs "
+                  f"({sum(n in ok for n in held)}/{len(held)} of the held-out ones)")
+        return res
+
     if args.runs_only:
+        return
+    if args.small_only:
+        (RESULTS / "mcm_small.json").write_text(json.dumps(small_report(), indent=1))
+        print(f"\nwrote {RESULTS / 'mcm_small.json'}")
         return
 
     # ---------------------------------------------------------------- Table 2 and equal budgets
@@ -227,31 +289,7 @@ def main() -> None:
     out["rl_norepair"] = {"samples_per_graph": args.norepair_samples, "valid": tot_valid,
                           "per_graph": {n: r["raw_valid_samples"] for n, r in nr.items()}}
 
-    # ---------------------------------------------------------------- small graphs vs CP-SAT
-    print(f"\nSmall graphs on 8 chips: every method {args.small_samples} samples, against the CP-SAT "
-          "optimum (gap = 1 - best / optimum)")
-    print(f"{'graph':<22}{'nodes':>6}{'CP-SAT':>10}{'status':>9}{'s':>6}"
-          + "".join(f"{LABELS[m]:>17}{'gap':>8}" for m in SMALL_METHODS))
-    out["small"] = {}
-    ex_cache = RESULTS / "mcm_exact.json"
-    exact = {} if args.fresh or not ex_cache.exists() else json.loads(ex_cache.read_text())
-    for n, p in small.items():
-        ek = f"{n}|8|{args.exact_time_limit}"
-        if "partition" not in exact.get(ek, {}):
-            ex = solve_exact(p, time_limit_s=args.exact_time_limit, num_workers=8)
-            exact[ek] = {"throughput": ex.throughput, "status": ex.status, "gap": ex.gap, "wall_s": ex.wall_s,
-                         "partition": None if ex.partition is None else [int(v) for v in ex.partition]}
-            ex_cache.write_text(json.dumps(exact, indent=1))
-        ex = exact[ek]
-        row = {"nodes": p.num_nodes, **{f"exact_{k}": v for k, v in ex.items() if k != "partition"}}
-        cells = ""
-        for m in SMALL_METHODS:
-            best = cache[key(n, m, args.small_samples, 8)]["best_so_far"][-1]
-            row[m], row[f"{m}_gap"] = best, 1 - best / ex["throughput"]
-            cells += f"{best:>17.0f}{row[f'{m}_gap']:>8.2%}"
-        out["small"][n] = row
-        print(f"{n:<22}{p.num_nodes:>6}{ex['throughput']:>10.0f}{ex['status']:>9}"
-              f"{ex['wall_s']:>6.0f}{cells}")
+    out["small"] = small_report()
     (RESULTS / "mcm.json").write_text(json.dumps(out, indent=1))
     print(f"\nwrote {RESULTS / 'mcm.json'}")
 

@@ -437,3 +437,96 @@ def test_ppo_trained_on_repaired_actions_learns_faster(ray_session):
     assert np.mean(returns[:3]) < 0.7 and np.mean(returns[-3:]) > 1.0, returns
     with pytest.raises(ValueError, match="train_on"):
         build_ppo([p], num_chips=4, env={"train_on": "both"})
+
+
+def test_env_init_best_starts_from_the_incumbent():
+    """``init="best"``: before any valid sample an episode starts from greedy + FIX, afterwards from the
+    best partition found so far on that graph."""
+    g = layered_dag(14, 2, seed=4, batch=1, seq=64, hidden=128, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(4))
+    env = MCMPartitionEnv({"graphs": [p], "num_chips": 4, "rounds": 2, "init": "best", "seed": 0})
+    o, _ = env.reset()
+    np.testing.assert_array_equal(o["prev"][:p.num_nodes], env.greedy_part(0))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        env.reset()
+        for _ in range(2):
+            env.step(rng.integers(0, 4, env.n_max))
+    o, _ = env.reset()
+    np.testing.assert_array_equal(o["prev"][:p.num_nodes], env.best[env.names[0]][1])
+    with pytest.raises(ValueError, match="init"):
+        MCMPartitionEnv({"graphs": [p], "num_chips": 4, "init": "incumbent"})
+
+
+def test_env_load_features_are_the_previous_partitions_chip_latencies(corpus):
+    """``load_features``: ``chip_load`` is L_d(prev) / max_d L_d(prev); the module takes the C + 1 extra
+    channels (every chip's load and the node's own chip's) and its logits depend on them."""
+    from ray.rllib.core.columns import Columns
+
+    from archplace.simulators.mcm import chip_latency_s
+
+    graphs = _graphs_small(corpus, 2)
+    env = MCMPartitionEnv({"graphs": graphs, "num_chips": 8, "load_features": True})
+    o, _ = env.reset(options={"graph": 1})
+    n = env.problem.num_nodes
+    lat = chip_latency_s(env.problem, o["prev"][:n])[0]
+    np.testing.assert_allclose(o["chip_load"], lat / lat.max(), rtol=1e-6)
+    assert o["chip_load"].max() == pytest.approx(1.0) and env.observation_space.contains(o)
+    m = _module(env)
+    assert m.convs[0].in_channels == len(FEATURES) + 8 + 1 + 9  # x, prev one-hot, round, loads
+    o2 = {**o, "chip_load": np.roll(o["chip_load"], 1)}
+    with torch.no_grad():
+        a = m.forward_inference(_batch([o]))[Columns.ACTION_DIST_INPUTS]
+        b = m.forward_inference(_batch([o2]))[Columns.ACTION_DIST_INPUTS]
+    assert not torch.allclose(a, b)
+
+
+def test_ppo_learner_bounds_the_joint_log_ratio(ray_session):
+    """A behaviour log-probability 1e4 nats below the current one makes RLlib's ratio exp(1e4) = inf and
+    the gradients NaN; the learner bounds the log-ratio at MAX_LOG_RATIO, so loss and gradients stay
+    finite, and where the ratio is in range the loss is RLlib's, unchanged."""
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.evaluation.postprocessing import Postprocessing
+
+    from archplace.algorithms.rl.mcm_ppo import build_ppo
+
+    g = layered_dag(12, 2, seed=3, batch=1, seq=64, hidden=128, bytes_per_element=1)
+    p = MCMProblem.from_graph(g, mcm_package(4))
+    torch.manual_seed(0)
+    algo = build_ppo([p], num_chips=4, seed=0, model=TINY, ppo=TINY_PPO)
+    try:
+        learner = algo.learner_group._learner
+        module = learner.module[DEFAULT_MODULE_ID]
+        env = MCMPartitionEnv({"graphs": [p], "num_chips": 4})
+        obs = [env.reset()[0] for _ in range(4)]
+        batch = _batch(obs)
+        fwd = module.forward_train(batch)
+        dist = module.get_train_action_dist_cls().from_logits(fwd[Columns.ACTION_DIST_INPUTS])
+        actions = dist.sample()
+        logp = dist.logp(actions).detach()
+        batch.update({Columns.ACTIONS: actions,
+                      Columns.ACTION_DIST_INPUTS: fwd[Columns.ACTION_DIST_INPUTS].detach(),
+                      Postprocessing.ADVANTAGES: torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                      Postprocessing.VALUE_TARGETS: torch.ones(4)})
+
+        def loss_and_grads(cls, old_logp):
+            module.zero_grad()
+            b = {**batch, Columns.ACTION_LOGP: old_logp}
+            out = module.forward_train(b)
+            loss = cls.compute_loss_for_module(learner, module_id=DEFAULT_MODULE_ID, config=algo.config,
+                                               batch=b, fwd_out=out)
+            loss.backward()
+            return float(loss), [q.grad for q in module.parameters() if q.grad is not None]
+
+        far = logp - torch.tensor([1e4, 1e4, 0.0, 0.0])
+        raw_loss, raw_grads = loss_and_grads(PPOTorchLearner, far)
+        assert not (np.isfinite(raw_loss) and all(torch.isfinite(q).all() for q in raw_grads))
+        loss, grads = loss_and_grads(type(learner), far)
+        assert np.isfinite(loss) and all(torch.isfinite(q).all() for q in grads)
+        near = logp - 0.1
+        expect = loss_and_grads(PPOTorchLearner, near)[0]
+        assert loss_and_grads(type(learner), near)[0] == pytest.approx(expect)
+    finally:
+        algo.stop()

@@ -10,6 +10,8 @@ Observation (a ``gymnasium.spaces.Dict`` with fixed padded sizes, written by
   the C chips and concatenated to ``x`` (the "current state embedding" of the paper's Eq. 7, our choice);
 * ``round`` ``[1]`` (optional) t / T, the refinement step, broadcast to every node as one more input
   channel: without it the value head cannot tell how many rewards are left in the episode.
+* ``chip_load`` ``[C]`` (optional) the per-chip latency of ``prev`` over its maximum, broadcast to every
+  node (C channels) plus the load of the node's own chip (one channel).
 
 Network (paper: "8 GraphSAGE layers, and the size of each layer is 128"; policy "a feed-forward network
 with 2 layers" of the same width): an input projection is *not* used, the first ``SAGEConv`` maps
