@@ -37,9 +37,13 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "sa", "rl", "rl_repaired", "rl_zeroshot", "rl_finetune")
+# the same pair from weights pre-trained on y' (bench/mcm_pretrain.py --train-on repaired), fine-tuned on y'
+TRANSFER_Y = ("rl_zeroshot_y", "rl_finetune_y")
+PRETRAINED = ("rl_zeroshot", "rl_finetune") + TRANSFER_Y
 LABELS = {"random": "Random", "sa": "SA", "rl": "RL", "rl_zeroshot": "RL Zeroshot",
           "rl_finetune": "RL Finetuning", "rl_repaired": "RL on y'", "rl_norepair": "RL w/o repair",
-          "rl_prior": "PPO + keep-prior", "rl_refine": "PPO refine"}
+          "rl_prior": "PPO + keep-prior", "rl_refine": "PPO refine",
+          "rl_zeroshot_y": "Zeroshot (y')", "rl_finetune_y": "Finetuning (y')"}
 THRESHOLDS = (1.6, 1.7, 1.8)
 SMALL_METHODS = ("random", "sa", "rl", "rl_repaired", "rl_prior", "rl_refine")
 SMALL_PPO = ("rl", "rl_repaired", "rl_prior", "rl_refine")
@@ -68,13 +72,13 @@ def run_one(problem, method: str, samples: int, seed: int, pretrained: str | Non
 
         torch.manual_seed(seed)
         state = None
-        if method in ("rl_zeroshot", "rl_finetune"):
+        if method in PRETRAINED:
             state, _ = load_state(pretrained)
         model = {"prev_bias": 2.0} if method == "rl_prior" else None
-        env = {"train_on": "repaired"} if method == "rl_repaired" else None
+        env = {"train_on": "repaired"} if method in ("rl_repaired", "rl_finetune_y") else None
         if method == "rl_refine":
             env, model = REFINE["env"], REFINE["model"]
-        tr = rl_search(problem, samples, seed=seed, init_state=state, train=method != "rl_zeroshot",
+        tr = rl_search(problem, samples, seed=seed, init_state=state, train="zeroshot" not in method,
                        repair="none" if method == "rl_norepair" else "fix", method=method, model=model,
                        env=env).trace
     return {"best_so_far": [float(v) for v in tr.best_so_far], "valid_samples": int(tr.valid_samples),
@@ -96,10 +100,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=600, help="samples per method and graph")
     ap.add_argument("--graphs", default="", help="comma-separated test graph names (default: all 16)")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"subset of {','.join(METHODS + TRANSFER_Y)}")
     ap.add_argument("--workers", type=int, default=2, help="Ray tasks at a time (one CPU each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pretrained", default=str(RESULTS / "mcm_pretrained.npz"))
+    ap.add_argument("--pretrained-y", default=str(RESULTS / "mcm_pretrained_repaired.npz"),
+                    help="weights for rl_zeroshot_y / rl_finetune_y")
     ap.add_argument("--norepair-samples", type=int, default=200, help="samples for RL without repair")
     ap.add_argument("--small-samples", type=int, default=600, help="PPO samples on the small graphs")
     ap.add_argument("--exact-time-limit", type=float, default=120.0, help="CP-SAT seconds per small graph")
@@ -123,12 +130,17 @@ def main() -> None:
     from archplace.workloads.synthetic import rnn_graph
 
     methods = [m for m in args.methods.split(",") if m]
-    bad = sorted(set(methods) - set(METHODS))
+    bad = sorted(set(methods) - set(METHODS + TRANSFER_Y))
     if bad:
-        raise SystemExit(f"--methods: unknown {bad}; allowed: {list(METHODS)}")
-    if any(m in ("rl_zeroshot", "rl_finetune") for m in methods) and not Path(args.pretrained).exists():
-        raise SystemExit(f"--pretrained {args.pretrained} does not exist: run bench/mcm_pretrain.py first, "
-                         "or leave rl_zeroshot,rl_finetune out of --methods")
+        raise SystemExit(f"--methods: unknown {bad}; allowed: {list(METHODS + TRANSFER_Y)}")
+
+    def weights(m: str) -> str | None:
+        return args.pretrained_y if m in TRANSFER_Y else args.pretrained if m in PRETRAINED else None
+
+    missing = sorted({weights(m) for m in methods if weights(m) and not Path(weights(m)).exists()})
+    if missing:
+        raise SystemExit(f"pre-trained weights {missing} do not exist: run bench/mcm_pretrain.py first, "
+                         "or leave the zero-shot and fine-tuned methods out of --methods")
     corpus = mcm_corpus(seed=0)
     split = split_by_family(corpus)
     test_families = {g.family for g in split["test"]}
@@ -176,7 +188,7 @@ def main() -> None:
     if todo:
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False)
         task = ray.remote(num_cpus=1, max_retries=0)(run_one)
-        pending = {task.remote(p, m, s, args.seed, args.pretrained): k for k, p, m, s in todo}
+        pending = {task.remote(p, m, s, args.seed, weights(m)): k for k, p, m, s in todo}
         t0 = time.perf_counter()
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
@@ -264,7 +276,7 @@ def main() -> None:
         vals = [float(geo[m][int(f * args.samples) - 1]) for f in fracs]
         out["equal_budget"][m] = dict(zip([int(f * args.samples) for f in fracs], vals))
         print(f"{LABELS[m]:<15}" + "".join(f"{v:>10.3f}" for v in vals) + f"{curves[m][:, -1].max():>18.3f}")
-    for rl in [m for m in ("rl", "rl_repaired", "rl_finetune") if m in methods]:
+    for rl in [m for m in ("rl", "rl_repaired", "rl_finetune", "rl_finetune_y") if m in methods]:
         for base in [b for b in ("random", "sa") if b in methods]:
             gain = float(geo[rl][-1] / geo[base][-1] - 1)
             wins = int((curves[rl][:, -1] >= curves[base][:, -1] * (1 - 1e-9)).sum())

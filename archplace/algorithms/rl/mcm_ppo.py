@@ -254,15 +254,16 @@ def validation_reward(algo, val_env: MCMPartitionEnv, episodes: int = 2, seed: i
 
 def pretrain(train_graphs: Any, validation_graphs: Any, *, total_samples: int, checkpoint_every: int,
              seed: int = 0, num_chips: int = 36, ppo: dict | None = None, model: dict | None = None,
-             n_max: int = CORPUS_N_MAX, e_max: int = CORPUS_E_MAX, log=None) -> PretrainResult:
+             env: dict | None = None, n_max: int = CORPUS_N_MAX, e_max: int = CORPUS_E_MAX,
+             log=None) -> PretrainResult:
     """Multi-graph pre-training (round robin over ``train_graphs``) with checkpoint choice on the
-    validation graphs' mean deterministic reward."""
+    validation graphs' mean sampled reward. ``env`` overrides the YAML's env keys (``train_on`` included)."""
     if total_samples < checkpoint_every or checkpoint_every < 1:
         raise ValueError(f"need 1 <= checkpoint_every ({checkpoint_every}) <= total_samples "
                          f"({total_samples})")
     t0 = time.perf_counter()
     algo = build_ppo(train_graphs, num_chips=num_chips, seed=seed, ppo=ppo, model=model, n_max=n_max,
-                     e_max=e_max, env={"select": "round_robin"})
+                     e_max=e_max, env={**(env or {}), "select": "round_robin"})
     env = env_of(algo)
     val_env = MCMPartitionEnv({"graphs": validation_graphs, "num_chips": num_chips, "n_max": n_max,
                                "e_max": e_max, "seed": seed + 1, "rounds": env.rounds})
