@@ -6,10 +6,12 @@ Under the analytical cost model on ``mcm-36`` for the 16 test graphs (LSTM + tra
 seen in pre-training), every method gets the same budget of samples (evaluated partitions):
 
 * Random (uniform distribution through SAMPLE repair), SA (through the solver), RL from scratch (PPO
-  with FIX repair), RL on y' (the same, trained on the log-probability of the repaired partition
-  instead of the sampled one: ``train_on: repaired``), RL zero-shot (the pre-trained policy sampled,
-  no updates), RL fine-tuned (the pre-trained policy trained further on the graph). Pre-trained
-  weights come from ``bench/mcm_pretrain.py``.
+  with FIX repair, trained on the sampled y: ``train_on: sampled``), RL on y' (the same, trained on the
+  log-probability of the repaired partition: ``train_on: repaired``, the YAML's default since session
+  4), RL zero-shot (the pre-trained policy sampled, no updates), RL fine-tuned (the pre-trained policy
+  trained further on the graph, on y). The committed weights ``mcm_pretrained.npz`` come from
+  ``bench/mcm_pretrain.py`` trained on y; every method pins its ``train_on``, so cached runs keep their
+  meaning.
 * Table 2: samples for the geomean (over graphs) best-so-far throughput / greedy to reach 1.6x, 1.7x,
   1.8x, with the reduction relative to RL from scratch in parentheses.
 * Equal budgets: the geomean improvement of every method at 25%, 50% and 100% of the budget, and PPO's
@@ -75,7 +77,8 @@ def run_one(problem, method: str, samples: int, seed: int, pretrained: str | Non
         if method in PRETRAINED:
             state, _ = load_state(pretrained)
         model = {"prev_bias": 2.0} if method == "rl_prior" else None
-        env = {"train_on": "repaired"} if method in ("rl_repaired", "rl_finetune_y") else None
+        # pinned, not the YAML's default, so a cached run keeps its meaning when the default changes
+        env = {"train_on": "repaired" if method in ("rl_repaired", "rl_finetune_y") else "sampled"}
         if method == "rl_refine":
             env, model = REFINE["env"], REFINE["model"]
         tr = rl_search(problem, samples, seed=seed, init_state=state, train="zeroshot" not in method,

@@ -17,9 +17,9 @@ leaves y^(0) open), all zeros (``init="zeros"``), or the best partition found so
 With ``load_features`` the observation also carries ``chip_load`` ``[C]``: the chip latencies L_d of
 y'^(t-1) over their maximum, so the policy sees which chip is the bottleneck (ours).
 
-By default the PPO log-probability is that of y, the sampled action: the solver is part of the
-environment (spec §2.3 option (a)); with ``train_on: repaired``
-(:func:`archplace.algorithms.rl.mcm_ppo.build_ppo`) a callback swaps in y' from
+Left alone, RLlib trains on the log-probability of y, the sampled action: the solver is part of the
+environment (spec §2.3 option (a), ``train_on: sampled``); with ``train_on: repaired``, the YAML's
+default (:func:`archplace.algorithms.rl.mcm_ppo.build_ppo`), a callback swaps in y' from
 ``info["repaired_action"]`` and its log-probability (option (b)).
 
 Design choices the paper leaves open (all ours):

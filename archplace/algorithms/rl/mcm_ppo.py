@@ -113,7 +113,7 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
 
     cfg = load_config()
     env_cfg = {**cfg["env"], **(env or {}), "graphs": graphs, "num_chips": num_chips, "seed": seed}
-    train_on = env_cfg.pop("train_on", "sampled")
+    train_on = env_cfg.pop("train_on", "repaired")
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on is {train_on!r}; allowed: {list(TRAIN_ON)}")
     if n_max is not None:
