@@ -175,16 +175,15 @@ def main() -> None:
     def key(graph, method, samples, chips=36):
         return f"{graph}|{method}|{samples}|{args.seed}|{chips}"
 
-    jobs = [] if args.small_only else [(key(n, m, args.samples), problems[n], m, args.samples)
-                                       for n in problems for m in methods]
+    small_jobs = [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
+                  for m in SMALL_METHODS]
     if args.small_only:
-        jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
-                 for m in SMALL_METHODS]
-    elif not args.runs_only:
-        jobs += [(key(n, "rl_norepair", args.norepair_samples), problems[n], "rl_norepair",
-                  args.norepair_samples) for n in problems]
-        jobs += [(key(n, m, args.small_samples, 8), p, m, args.small_samples) for n, p in small.items()
-                 for m in SMALL_METHODS]
+        jobs = small_jobs
+    else:
+        jobs = [(key(n, m, args.samples), problems[n], m, args.samples) for n in problems for m in methods]
+        if not args.runs_only:
+            jobs += [(key(n, "rl_norepair", args.norepair_samples), problems[n], "rl_norepair",
+                      args.norepair_samples) for n in problems] + small_jobs
     todo = [j for j in jobs if j[0] not in cache]
     print(f"{len(jobs)} runs, {len(jobs) - len(todo)} cached, {len(todo)} to do", flush=True)
 
