@@ -1,0 +1,140 @@
+"""Rainbow-style DQN for pipeline cuts (Auto-MAP online training): build, search, greedy plan.
+
+The thin Ray layer over :class:`~archplace.algorithms.rl.pipeline_env.PipelineCutEnv` and
+:class:`~archplace.algorithms.rl.pivot_q_module.PivotQModule`: :func:`build_dqn` makes an RLlib
+new-API-stack DQN ``Algorithm`` from ``tune_configs/pipeline_dqn.yaml`` (one in-process env runner
+and learner, so one search is one Ray task); :func:`dqn_search` trains it for a budget of environment
+steps and returns the best plan it evaluated and the greedy (ε = 0) plan of the final Q-network.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ...hardware.presets import Cluster
+from ...simulators.pipeline import PipelineProfile
+from .pipeline_env import PipelineCutEnv
+
+CONFIG_FILE = "pipeline_dqn.yaml"
+
+
+def load_config() -> dict[str, Any]:
+    """``tune_configs/pipeline_dqn.yaml`` (sections env, dqn, model, search, sweep)."""
+    return yaml.safe_load(resources.files("archplace.tune_configs").joinpath(CONFIG_FILE).read_text())
+
+
+def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
+              dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv):
+    """A DQN ``Algorithm`` on one environment; ``dqn`` / ``model`` override the YAML key by key."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from .pivot_q_module import PivotQModule
+
+    cfg = load_config()
+    d = {**cfg["dqn"], **(dqn or {})}
+    steps = int(d.pop("epsilon_steps"))
+    if budget_steps is not None:
+        steps = max(1, min(steps, int(0.6 * budget_steps)))
+    d["epsilon"] = [(0, float(d.pop("epsilon_start"))), (steps, float(d.pop("epsilon_end")))]
+    d["replay_buffer_config"] = dict(d["replay_buffer_config"])
+    model_cfg = {**cfg["model"], **(model or {})}
+    config = (
+        DQNConfig()
+        .environment(env_class, env_config={**env_config, "seed": seed})
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=8)
+        .learners(num_learners=0)
+        .training(**d)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=PivotQModule, model_config=model_cfg))
+        .reporting(min_sample_timesteps_per_iteration=64)
+        .debugging(seed=seed)
+    )
+    return config.build_algo()
+
+
+def env_of(algo) -> PipelineCutEnv:
+    return algo.env_runner.env.unwrapped.envs[0].unwrapped
+
+
+def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
+    """Roll out the argmax-Q policy (masked) once; the pivots it cuts at."""
+    import torch
+    from ray.rllib.core.columns import Columns
+
+    module = algo.env_runner.module
+    obs, _ = env.reset()
+    cuts: list[int] = []
+    while True:
+        batch = {Columns.OBS: {k: torch.as_tensor(v)[None] for k, v in obs.items()}}
+        with torch.no_grad():
+            a = int(module.forward_inference(batch)[Columns.ACTIONS][0])
+        cuts.append(int(env.pivots[a]))
+        env.cuts = cuts[:-1]
+        obs, _, done, _, _ = env.step(a)
+        if done:
+            return np.asarray(env.cuts if len(env.cuts) else cuts, dtype=np.int64)
+
+
+@dataclass
+class DQNSearch:
+    """One online-training search on one (model, cluster, K) case."""
+
+    best_cuts: np.ndarray | None
+    best_length_s: float
+    best_oom: bool
+    greedy_cuts: np.ndarray
+    greedy_length_s: float
+    greedy_oom: bool
+    env_steps: int
+    plans: int
+    wall_s: float
+    history: np.ndarray  # best feasible L after each evaluated plan
+    state: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
+               seed: int = 0, radius: int = 3, dqn: dict | None = None, model: dict | None = None,
+               init_state: dict | None = None, train: bool = True, keep_state: bool = False) -> DQNSearch:
+    """Train (or, with ``train=False``, only run) the DQN for ``budget_steps`` environment steps."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from ...simulators.pipeline import evaluate
+
+    if budget_steps < 1:
+        raise ValueError(f"budget must be >= 1 environment steps, got {budget_steps}")
+    t0 = time.perf_counter()
+    env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius}
+    algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model)
+    try:
+        if init_state is not None:
+            algo.learner_group.set_weights({DEFAULT_MODULE_ID: init_state})
+            algo.env_runner.module.set_state(init_state)
+        env = env_of(algo)
+        steps = 0
+        while steps < budget_steps:
+            if train:
+                res = algo.train()
+                steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+            else:
+                algo.env_runner.sample(num_timesteps=min(64, budget_steps - steps), explore=True)
+                steps = int(algo.env_runner.metrics.peek(("num_env_steps_sampled_lifetime",), default=0)
+                            or steps + 64)
+        probe = PipelineCutEnv({**env_cfg, "candidates": env.cand})
+        g = greedy_plan(algo, probe)
+        r = evaluate(profile, cluster, g[None, :])
+        state = algo.learner_group.get_weights()[DEFAULT_MODULE_ID] if keep_state else None
+    finally:
+        algo.stop()
+    best_cuts, best_len, best_oom = env.best_cuts, env.best_length_s, env.best_oom
+    if (bool(r.oom[0]), float(r.length_s[0])) < (best_oom, best_len):
+        best_cuts, best_len, best_oom = g, float(r.length_s[0]), bool(r.oom[0])
+    return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(r.length_s[0]), bool(r.oom[0]),
+                     steps, env.plans_evaluated, time.perf_counter() - t0, np.asarray(env.history),
+                     state)

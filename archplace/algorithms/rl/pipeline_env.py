@@ -1,0 +1,189 @@
+"""Gymnasium environment for pipeline cuts (Auto-MAP online training, spec automap.md §9.3–9.5).
+
+An episode makes the K − 1 cuts of one model, one per step, each after the previous one. The action
+is an index into the pruned candidate pivots (:func:`~archplace.algorithms.solvers.pipeline_exact.
+candidate_pivots`); the Dict observation carries
+
+* ``pivots`` (P, 3): the paper's three features of every candidate, as if the next cut were made
+  there now (§9.3): the gradient AllReduce time of the whole pipeline, the largest activation
+  transfer time over the cuts made so far, and the compute balance ratio min / max over stages. The
+  stages not cut yet are taken as equal shares of the remaining compute and parameters. Times are in
+  units of the ideal per-micro-batch stage time (total compute / devices);
+* ``context``: the step as a one-hot over ``MAX_STAGES`` − 1 cuts, and the compute fraction cut so far;
+* ``action_mask`` (P,): 1 for a pivot the next cut may take (its own window, after the last cut, a
+  trainable variable in the new stage and enough left for the stages after it).
+
+Reward (§9.5): 0 until the last cut, then ``L_unit / L`` with ``L_unit = M · C / D`` the ideal
+iteration time (so 1/L in units that make it O(1)); a plan that runs out of memory gets
+``-sqrt(L_unit / L)``. The paper writes both 1/L and 1/√L; we use 1/L for the reward because at equal
+spacing of plans it separates a 1% better plan by 1% of the reward where 1/√L gives 0.5%, and keep
+the paper's −1/√L for OOM so any feasible plan outranks every infeasible one.
+
+Every completed plan is logged (``best_cuts``, ``best_length_s``, ``plans_evaluated``) so a search
+keeps the best plan it has seen.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from ...hardware.presets import Cluster
+from ...simulators.pipeline import PipelineProfile, allocate_devices, evaluate
+from ..solvers.pipeline_exact import Candidates, candidate_pivots
+
+MAX_STAGES = 8
+NUM_FEATURES = 3
+FEATURE_CLIP = 10.0
+
+
+class PipelineCutEnv(gym.Env):
+    """K − 1 cuts of one model's forward graph; see the module docstring."""
+
+    metadata: dict = {}
+
+    def __init__(self, config: dict | None = None):
+        cfg = dict(config or {})
+        self.profile: PipelineProfile = cfg["profile"]
+        self.cluster: Cluster = cfg["cluster"]
+        self.num_stages = int(cfg.get("num_stages", self.cluster.num_servers))
+        if not 2 <= self.num_stages <= MAX_STAGES:
+            raise ValueError(f"stages must be in [2, {MAX_STAGES}] for the agent, got {self.num_stages}")
+        self.cand: Candidates = cfg.get("candidates") or candidate_pivots(
+            self.profile, self.cluster, self.num_stages, cfg.get("radius", 3))
+        if any(len(c) == 0 for c in self.cand.per_cut):
+            raise ValueError("no candidate pivot for some cut: widen the radius or use fewer stages")
+        self.pivots = self.cand.all
+        p = len(self.pivots)
+        self.window = np.stack([np.isin(self.pivots, c) for c in self.cand.per_cut])  # (K-1, P)
+        prof = self.profile
+        self.c_total = float(prof.compute_s_prefix[-1])
+        self.t_unit = self.c_total / self.cluster.num_devices
+        self.l_unit = prof.setup.num_micro_batches * self.t_unit
+        self.observation_space = gym.spaces.Dict({
+            "pivots": gym.spaces.Box(0.0, FEATURE_CLIP, (p, NUM_FEATURES), np.float32),
+            "context": gym.spaces.Box(0.0, 1.0, (MAX_STAGES,), np.float32),
+            "action_mask": gym.spaces.Box(0.0, 1.0, (p,), np.float32),
+        })
+        self.action_space = gym.spaces.Discrete(p)
+        self.rng = np.random.default_rng(cfg.get("seed", 0))
+        self.cuts: list[int] = []
+        self.best_cuts: np.ndarray | None = None
+        self.best_length_s = np.inf
+        self.best_oom = True
+        self.plans_evaluated = 0
+        self.history: list[float] = []  # best feasible L after each plan (inf until one)
+
+    # ----------------------------------------------------------------- features and mask
+    def _mask(self) -> np.ndarray:
+        j = len(self.cuts)
+        prof = self.profile
+        tv = prof.trainable_prefix
+        last = self.cuts[-1] if self.cuts else 0
+        ok = self.window[j] & (self.pivots > last)
+        ok &= tv[self.pivots] - tv[last] >= 1
+        ok &= tv[-1] - tv[self.pivots] >= self.num_stages - j - 1
+        return ok
+
+    def _features(self) -> np.ndarray:
+        prof, k = self.profile, self.num_stages
+        j = len(self.cuts)
+        p = self.pivots
+        cp, wp = prof.compute_s_prefix, prof.param_bytes_prefix
+        known = np.array([0] + self.cuts, dtype=np.int64)
+        rest = k - j - 1
+        rows = len(p)
+        comp = np.zeros((rows, k))
+        par = np.zeros((rows, k))
+        for s in range(j):
+            comp[:, s] = cp[known[s + 1]] - cp[known[s]]
+            par[:, s] = wp[known[s + 1]] - wp[known[s]]
+        comp[:, j] = cp[p] - cp[known[-1]]
+        par[:, j] = wp[p] - wp[known[-1]]
+        if rest:
+            comp[:, j + 1:] = ((cp[-1] - cp[p]) / rest)[:, None]
+            par[:, j + 1:] = ((wp[-1] - wp[p]) / rest)[:, None]
+        comp = np.maximum(comp, 0.0)
+        d = allocate_devices(np.maximum(comp, 1e-12), self.cluster.num_devices)
+        end = np.cumsum(d, axis=1)
+        start = end - d
+        cl = self.cluster
+        per = cl.devices_per_server or cl.num_devices
+        inter = cl.inter_server_bw if cl.topology == "servers" else cl.link_bw
+        bw = np.where(start // per != (end - 1) // per, inter, cl.link_bw)
+        ar = np.where(d > 1, 2.0 * (d - 1) / d * par / bw, 0.0).max(axis=1)
+        # activation transfers over the cuts made so far and this one
+        cut_pos = np.concatenate([np.tile(known[1:], (rows, 1)), p[:, None]], axis=1)
+        same = (start[:, :j + 1] // per) == ((end[:, 1:j + 2] - 1) // per)
+        act = (2.0 * prof.cross_bytes[cut_pos] / np.where(same, cl.link_bw, inter)).max(axis=1)
+        t = comp / d
+        balance = t.min(axis=1) / np.maximum(t.max(axis=1), 1e-30)
+        f = np.stack([ar / self.t_unit, act / self.t_unit, balance], axis=1)
+        return np.clip(f, 0.0, FEATURE_CLIP).astype(np.float32)
+
+    def _obs(self) -> dict:
+        j = len(self.cuts)
+        ctx = np.zeros(MAX_STAGES, np.float32)
+        done = j >= self.num_stages - 1
+        if not done:
+            ctx[j] = 1.0
+        last = self.cuts[-1] if self.cuts else 0
+        ctx[-1] = self.profile.compute_s_prefix[last] / self.c_total
+        if done:
+            p = len(self.pivots)
+            # terminal: no action is applied, but vectorised runners still query the module on it,
+            # so every action is left open (the bootstrap is zeroed by `terminated` anyway)
+            return {"pivots": np.zeros((p, NUM_FEATURES), np.float32), "context": ctx,
+                    "action_mask": np.ones(p, np.float32)}
+        return {"pivots": self._features(), "context": ctx,
+                "action_mask": self._mask().astype(np.float32)}
+
+    # ----------------------------------------------------------------- gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.cuts = []
+        return self._obs(), {}
+
+    def step(self, action):
+        a = int(action)
+        mask = self._mask()
+        if not (0 <= a < len(self.pivots)) or not mask[a]:
+            raise ValueError(f"action {a} is masked at cut {len(self.cuts) + 1}: a masked action was taken")
+        self.cuts.append(int(self.pivots[a]))
+        info: dict = {}
+        if len(self.cuts) < self.num_stages - 1:
+            obs = self._obs()
+            if not obs["action_mask"].any():  # dead end (overlapping windows): a failed plan
+                return obs, -1.0, True, False, {"dead_end": True}
+            return obs, 0.0, False, False, info
+        cuts = np.asarray(self.cuts, dtype=np.int64)
+        r = evaluate(self.profile, self.cluster, cuts[None, :])
+        length, oom = float(r.length_s[0]), bool(r.oom[0])
+        self.plans_evaluated += 1
+        if (oom, length) < (self.best_oom, self.best_length_s):
+            self.best_oom, self.best_length_s, self.best_cuts = oom, length, cuts
+        self.history.append(self.best_length_s if not self.best_oom else np.inf)
+        reward = -np.sqrt(self.l_unit / length) if oom else self.l_unit / length
+        info = {"length_s": length, "oom": oom, "cuts": cuts}
+        return self._obs(), float(reward), True, False, info
+
+    def random_plan_lengths(self, plans: int, seed: int = 0) -> np.ndarray:
+        """L of ``plans`` uniformly random valid plans (the random-cut baseline); OOM → inf."""
+        rng = np.random.default_rng(seed)
+        out = np.empty(plans)
+        saved = self.cuts
+        for i in range(plans):
+            self.cuts = []
+            while len(self.cuts) < self.num_stages - 1:
+                m = np.flatnonzero(self._mask())
+                if not len(m):
+                    break
+                self.cuts.append(int(self.pivots[rng.choice(m)]))
+            if len(self.cuts) < self.num_stages - 1:
+                out[i] = np.inf
+                continue
+            r = evaluate(self.profile, self.cluster, np.asarray(self.cuts)[None, :])
+            out[i] = np.inf if r.oom[0] else r.length_s[0]
+        self.cuts = saved
+        return out
