@@ -258,3 +258,41 @@ def evaluate(prof: PipelineProfile, cluster: Cluster, cuts: np.ndarray) -> Pipel
 def pipeline_length_s(prof: PipelineProfile, cluster: Cluster, cuts) -> float:
     """L of one cut set (``inf`` never: OOM is reported by :func:`evaluate`)."""
     return float(evaluate(prof, cluster, np.asarray(cuts, dtype=np.int64)[None, :]).length_s[0])
+
+
+# ---------------------------------------------------------------------- online inference (spec §10)
+def _inter_bw(cluster: Cluster) -> float:
+    return cluster.inter_server_bw if cluster.topology == "servers" else cluster.link_bw
+
+
+def profile_time_arrays(prof: PipelineProfile, cluster: Cluster) -> tuple[np.ndarray, ...]:
+    """The paper's C, A, W per forward op, all in seconds so one shared scale is meaningful: compute
+    time, the time to send the activation cut after the op over the inter-server link, and the time
+    to send the op's parameters over it."""
+    bw = _inter_bw(cluster)
+    c = np.diff(prof.compute_s_prefix)
+    a = prof.cross_bytes[1:] / bw
+    w = np.diff(prof.param_bytes_prefix) / bw
+    return c, a, w
+
+
+def coarse_pipeline_profile(cp, cluster: Cluster, setup: PipelineSetup | None = None) -> PipelineProfile:
+    """A :class:`~archplace.workloads.profiles.CoarseProfile` (C*, A*, W* in units of its shared MAX)
+    as a G-op profile the cost model can score: coarse op k holds the ops up to ``source_index[k]``,
+    coarse pivot q cuts after coarse op q − 1. No memory information survives the transform."""
+    bw = _inter_bw(cluster)
+    g = cp.granularity
+    cross = np.zeros(g + 1)
+    cross[1:g] = cp.activation[:-1] * bw
+    names = np.array([f"coarse{k}" for k in range(g)], dtype=object)
+    w = np.r_[0.0, cp.params]
+    return PipelineProfile(
+        model="coarse", op_names=names, op_layers=names, compute_s_prefix=np.r_[0.0, cp.compute],
+        param_bytes_prefix=w * bw, saved_bytes_prefix=np.zeros(g + 1), ckpt_bytes_prefix=np.zeros(g + 1),
+        trainable_prefix=np.r_[0.0, np.cumsum(np.diff(w) > 0)], cross_bytes=cross,
+        max_layer_saved_bytes=0.0, setup=setup or PipelineSetup())
+
+
+def coarse_to_real_pivots(cp, coarse_cuts: np.ndarray) -> np.ndarray:
+    """Coarse pivot q (after coarse point q − 1) → the real pivot after op ``source_index[q − 1]``."""
+    return cp.source_index[np.asarray(coarse_cuts, dtype=np.int64) - 1] + 1

@@ -148,7 +148,7 @@ def coarsen(compute_s: object, activation_bytes: object, param_bytes: object,
                          scale=scale, source_index=idx)
 
 
-def _draw(rng: np.random.Generator, n: int, distribution: str) -> np.ndarray:
+def draw_raw(rng: np.random.Generator, n: int, distribution: str) -> np.ndarray:
     """``n`` floats in ``[0, 1]`` from one of :data:`DISTRIBUTIONS` (parameters are our choice, see top)."""
     if distribution == "uniform":
         return rng.uniform(0.0, 1.0, n)
@@ -179,5 +179,5 @@ def synthetic_profile(rng: np.random.Generator, n_ops: int = 1024, distribution:
         kinds = [DISTRIBUTIONS[i] for i in rng.integers(len(DISTRIBUTIONS), size=3)]
     else:
         kinds = [distribution] * 3
-    compute, activation, params = (_draw(rng, n_ops, kind) for kind in kinds)
+    compute, activation, params = (draw_raw(rng, n_ops, kind) for kind in kinds)
     return coarsen(compute, activation, params, granularity)

@@ -70,16 +70,13 @@ def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
 
     module = algo.env_runner.module
     obs, _ = env.reset()
-    cuts: list[int] = []
-    while True:
+    done = False
+    while not done:
         batch = {Columns.OBS: {k: torch.as_tensor(v)[None] for k, v in obs.items()}}
         with torch.no_grad():
             a = int(module.forward_inference(batch)[Columns.ACTIONS][0])
-        cuts.append(int(env.pivots[a]))
-        env.cuts = cuts[:-1]
-        obs, _, done, _, _ = env.step(a)
-        if done:
-            return np.asarray(env.cuts if len(env.cuts) else cuts, dtype=np.int64)
+        obs, _, done, _, _ = env.step(a)  # raises if the action is masked
+    return np.asarray(env.cuts, dtype=np.int64)
 
 
 @dataclass
@@ -138,3 +135,100 @@ def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budg
     return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(r.length_s[0]), bool(r.oom[0]),
                      steps, env.plans_evaluated, time.perf_counter() - t0, np.asarray(env.history),
                      state)
+
+
+# ---------------------------------------------------------------------- online inference (spec §10)
+def coarse_env_config(profile: PipelineProfile, cluster: Cluster, num_stages: int,
+                      granularity: int = 128) -> tuple[Any, dict[str, Any]]:
+    """A real model as the pre-trained agent sees it: C, A, W (seconds) → 128-point transform →
+    coarse profile; the env config that plans on it, and the :class:`CoarseProfile` that maps back."""
+    from ...simulators.pipeline import coarse_pipeline_profile, profile_time_arrays
+    from ...workloads.profiles import coarsen
+
+    cp = coarsen(*profile_time_arrays(profile, cluster), granularity=granularity)
+    cfg = {"profile": coarse_pipeline_profile(cp, cluster, profile.setup), "cluster": cluster,
+           "num_stages": num_stages, "radius": None, "collapse": False, "raw_features": True,
+           "ignore_memory": True, "full_action_set": True}
+    return cp, cfg
+
+
+def pretrain_synthetic(total_steps: int, *, seed: int = 0, clusters=("A", "B", "C"),
+                       distributions=("uniform", "normal"), dqn: dict | None = None,
+                       model: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pre-train the DQN on seeded synthetic profiles (§10.5: uniform + normal, a new profile every 50
+    steps, stages = servers of a random cluster). Returns the module weights and a training record."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from .pipeline_env import SyntheticPipelineEnv
+
+    t0 = time.perf_counter()
+    env_cfg = {"clusters": tuple(clusters), "distributions": tuple(distributions)}
+    algo = build_dqn(env_cfg, seed=seed, budget_steps=total_steps, dqn=dqn, model=model,
+                     env_class=SyntheticPipelineEnv)
+    curve: list[tuple[int, float]] = []
+    try:
+        steps = 0
+        while steps < total_steps:
+            res = algo.train()
+            steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+            ret = res["env_runners"].get("episode_return_mean")
+            if ret is not None and np.isfinite(ret):
+                curve.append((steps, float(ret)))
+        state = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+    finally:
+        algo.stop()
+    return state, {"steps": steps, "wall_s": time.perf_counter() - t0, "return_curve": curve,
+                   "clusters": list(clusters), "distributions": list(distributions), "seed": seed}
+
+
+@dataclass
+class PretrainedPlan:
+    """The pre-trained agent's plan on a real model, zero-shot or after fine-tuning."""
+
+    coarse_cuts: np.ndarray
+    cuts: np.ndarray  # real pivots
+    length_s: float
+    oom: bool
+    finetune_steps: int
+    wall_s: float
+
+
+def pretrained_plan(state: dict[str, Any], profile: PipelineProfile, cluster: Cluster, num_stages: int,
+                    *, finetune_steps: int = 0, seed: int = 0) -> PretrainedPlan:
+    """Plan with pre-trained weights: the greedy plan on the model's coarse profile (zero-shot), after
+    ``finetune_steps`` of further DQN training on it when > 0. Scored on the real profile."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from ...simulators.pipeline import coarse_to_real_pivots, evaluate
+
+    t0 = time.perf_counter()
+    cp, env_cfg = coarse_env_config(profile, cluster, num_stages)
+    dqn = {"epsilon_start": 0.3} if finetune_steps else None
+    algo = build_dqn(env_cfg, seed=seed, budget_steps=max(finetune_steps, 1), dqn=dqn)
+    try:
+        algo.learner_group.set_weights({DEFAULT_MODULE_ID: state})
+        algo.env_runner.module.set_state(state)
+        steps = 0
+        while steps < finetune_steps:
+            res = algo.train()
+            steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+        coarse = greedy_plan(algo, PipelineCutEnv(env_cfg))
+    finally:
+        algo.stop()
+    cuts = coarse_to_real_pivots(cp, coarse)
+    r = evaluate(profile, cluster, cuts[None, :])
+    return PretrainedPlan(coarse, cuts, float(r.length_s[0]), bool(r.oom[0]), steps,
+                          time.perf_counter() - t0)
+
+
+def save_state(path, state: dict[str, Any], **meta: Any) -> None:
+    """Module weights (and JSON-able ``meta``) to ``.npz``."""
+    from .mcm_ppo import save_state as _save
+
+    _save(path, state, **meta)
+
+
+def load_state(path) -> tuple[dict[str, Any], dict[str, Any]]:
+    from .mcm_ppo import load_state as _load
+
+    return _load(path)

@@ -9,7 +9,9 @@ exploration, double Q, the distributional loss); this module replaces its encode
 * the value head (dueling) reads the context and the mean pivot embedding;
 * with ``num_atoms > 1`` both heads give logits over the support [v_min, v_max] (C51).
 
-Masked actions get Q = −inf in every forward pass (online and target), so ε-greedy exploration (which
+Only open pivots go through the networks (gathered, padded to the widest row, scattered back), which
+makes an update several times cheaper than scoring all P. Masked actions get Q = −inf in every
+forward pass (online and target), so ε-greedy exploration (which
 samples among finite Q-values), the greedy action and the double-Q bootstrap all skip them.
 """
 
@@ -85,26 +87,40 @@ class PivotQModule(DefaultDQNTorchRLModule):
     def _qf_forward_helper(self, batch: dict[str, Any], encoder, head) -> dict[str, Any]:
         obs = batch[Columns.OBS]
         mask = obs["action_mask"] > 0.5  # (B, P)
-        ctx, piv = encoder(obs)
+        b, p = mask.shape
+        # Only open pivots are scored (a window is a fraction of all pivots): gather them, padded to
+        # the most any row has, then scatter the results back over P.
+        counts = mask.sum(1)
+        width = max(int(counts.max()), 1)
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]  # open first
+        open_ = torch.arange(width, device=mask.device)[None, :] < counts[:, None]  # (B, W)
+        feats = torch.gather(obs["pivots"], 1, order.unsqueeze(-1).expand(-1, -1, obs["pivots"].shape[-1]))
+        ctx, piv = encoder({"context": obs["context"], "pivots": feats})
         af = head["af"] if self.uses_dueling else head
-        adv = af(piv)  # (B, P, atoms)
+        adv = af(piv)  # (B, W, atoms)
+        m = open_.unsqueeze(-1).float()
         if self.uses_dueling:
-            m = mask.unsqueeze(-1).float()
             pooled = (piv * m).sum(1) / m.sum(1).clamp(min=1.0)
             val = head["vf"](torch.cat([ctx, pooled], dim=-1)).unsqueeze(1)  # (B, 1, atoms)
             mean_adv = (adv * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)
-            logits = val + adv - mean_adv
+            logits_w = val + adv - mean_adv
         else:
-            logits = adv
+            logits_w = adv
+        idx = order.unsqueeze(-1).expand(-1, -1, self.num_atoms)
+
+        def spread(x: torch.Tensor, fill: float) -> torch.Tensor:  # (B, W, A) -> (B, P, A)
+            full = torch.full((b, p, x.shape[-1]), fill, dtype=x.dtype, device=x.device)
+            return full.scatter(1, idx[..., :x.shape[-1]], torch.where(m > 0, x, fill))
+
         out: dict[str, Any] = {}
         if self.num_atoms > 1:
-            z = torch.linspace(self.v_min, self.v_max, self.num_atoms, device=logits.device)
-            probs = torch.softmax(logits, dim=-1)
-            q = (probs * z).sum(-1)
+            z = torch.linspace(self.v_min, self.v_max, self.num_atoms, device=logits_w.device)
+            probs_w = torch.softmax(logits_w, dim=-1)
+            q = spread((probs_w * z).sum(-1, keepdim=True), 0.0).squeeze(-1)
             out[ATOMS] = z
-            out[QF_LOGITS] = logits
-            out[QF_PROBS] = probs
+            out[QF_LOGITS] = spread(logits_w, 0.0)  # closed pivots: uniform (never used)
+            out[QF_PROBS] = spread(probs_w, 1.0 / self.num_atoms)
         else:
-            q = logits.squeeze(-1)
+            q = spread(logits_w, 0.0).squeeze(-1)
         out[QF_PREDS] = torch.where(mask, q, torch.full_like(q, float("-inf")))
         return out

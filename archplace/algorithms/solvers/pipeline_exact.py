@@ -64,8 +64,9 @@ def _dominated(prof: PipelineProfile, pivots: np.ndarray) -> np.ndarray:
 
 
 def candidate_pivots(prof: PipelineProfile, cluster: Cluster, num_stages: int,
-                     radius: int | None = 3) -> Candidates:
-    """Pruned pivots per cut; ``radius=None`` keeps every pivot (no centre-solution pruning)."""
+                     radius: int | None = 3, collapse: bool = True) -> Candidates:
+    """Pruned pivots per cut; ``radius=None`` keeps every pivot (no centre-solution pruning);
+    ``collapse=False`` keeps dominated pivots (a fixed action set across profiles)."""
     if not isinstance(num_stages, int) or num_stages < 1:
         raise ValueError(f"stages must be a positive integer, got {num_stages!r}")
     if num_stages > cluster.num_devices:
@@ -86,7 +87,7 @@ def candidate_pivots(prof: PipelineProfile, cluster: Cluster, num_stages: int,
         if radius is not None:
             ok &= np.abs(pos - centre[j - 1]) <= radius + 1e-9
         cand = p[ok]
-        per_cut.append(cand[_dominated(prof, cand)])
+        per_cut.append(cand[_dominated(prof, cand)] if collapse else cand)
     return Candidates(tuple(per_cut), centre, -1 if radius is None else radius)
 
 
