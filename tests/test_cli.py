@@ -126,3 +126,29 @@ def test_solve_dp_reproduces_a_reference(capsys):
     assert code == 0 and "reference optimum 41.7458125" in out and "accelerator 0" in out
     code, out, err = run(capsys, "solve-dp", "missing.json")
     assert code == 2 and "does not exist" in err
+
+
+def test_pipeline_exact_json_and_summary(capsys):
+    """`archplace pipeline --algo exact`: the optimum over the candidates, gap 0, server-boundary cuts."""
+    code, out, _ = run(capsys, "pipeline", "bert-base", "--cluster", "A", "--algo", "exact", "--json")
+    res = json.loads(out)
+    assert code == 0
+    assert res["stages"] == 2 and res["gpus"] == 16 and res["feasible"]
+    assert res["gap"] == 0.0 and res["length_s"] == res["optimal_length_s"]
+    assert res["device_cuts"] == [8] and sum(res["devices"]) == 16
+    assert len(res["cuts"]) == 1 and res["cut_layers"][0].startswith("encoder.layer.")
+    code, out, _ = run(capsys, "pipeline", "bert-base", "--cluster", "B", "--algo", "exact")
+    assert code == 0 and "device cuts  [8, 16]" in out and "gap +0.00%" in out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["pipeline", "bert-base", "--cluster", "D"], "--cluster must be one of"),
+    (["pipeline", "bert-base", "--cluster", "A", "--stages", "9"], "--stages must be in"),
+    (["pipeline", "bert-base", "--cluster", "A", "--budget", "0"], "--budget must be"),
+    (["pipeline", "nosuch", "--cluster", "A"], "unknown model"),
+    (["pipeline", "bert-base", "--cluster", "A", "--algo", "pretrained", "--pretrained", "/nope.npz"],
+     "does not exist"),
+])
+def test_pipeline_bad_input(capsys, argv, match):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1

@@ -416,10 +416,97 @@ def print_partition(res: dict[str, Any]) -> None:
           f"mean {sum(lat) / len(lat) * 1e3:.3f} ms")
 
 
+PIPELINE_ALGOS = ("rainbow", "pretrained", "exact")
+
+
+def cmd_pipeline(args) -> dict[str, Any]:
+    """Pipeline cuts of a model on V100 servers (Auto-MAP): DQN, pre-trained agent or exact."""
+    import time as _time
+
+    from archplace.algorithms.rl.pipeline_plan import (
+        cluster_of,
+        describe,
+        gap,
+        model_profile,
+        optimum,
+        pretrained_weights_path,
+    )
+
+    if args.cluster not in ("A", "B", "C"):
+        raise ValueError(f"--cluster must be one of ['A', 'B', 'C'], got {args.cluster!r}")
+    cl = cluster_of(args.cluster)
+    k = cl.num_servers if args.stages is None else args.stages
+    if not 2 <= k <= 8:
+        raise ValueError(f"--stages must be in [2, 8], got {k}")
+    if args.budget is not None and args.budget < 1:
+        raise ValueError(f"--budget must be a positive number of environment steps, got {args.budget}")
+    if args.finetune < 0:
+        raise ValueError(f"--finetune must be >= 0 environment steps, got {args.finetune}")
+    if args.radius < 0:
+        raise ValueError(f"--radius must be >= 0 devices, got {args.radius}")
+    weights = args.pretrained or str(pretrained_weights_path())
+    if args.algo == "pretrained" and not os.path.exists(weights):
+        raise FileNotFoundError(f"--pretrained {weights} does not exist "
+                                "(bench/pipeline.py --pretrain-steps N writes it)")
+    t0 = _time.perf_counter()
+    prof = model_profile(args.model)
+    opt = optimum(prof, cl, k, args.radius)
+    out: dict[str, Any] = {"model": args.model, "cluster": args.cluster, "gpus": cl.num_devices,
+                           "stages": k, "algo": args.algo, "forward_ops": prof.num_ops,
+                           "optimizer": prof.setup.optimizer, "recompute": prof.setup.recompute,
+                           "optimum": {**describe(prof, cl, opt.cuts), "evaluated": opt.evaluated,
+                                       "wall_s": opt.wall_s}}
+    if args.algo == "exact":
+        plan, extra = opt.cuts, {"evaluated": opt.evaluated}
+    else:
+        import ray
+
+        from archplace.algorithms.rl.pipeline_dqn import dqn_search, load_config, load_state, pretrained_plan
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        if args.algo == "rainbow":
+            budget = args.budget or int(load_config()["search"]["budget_steps"])
+            res = dqn_search(prof, cl, k, budget, seed=args.seed, radius=args.radius)
+            plan = res.best_cuts
+            extra = {"env_steps": res.env_steps, "plans_evaluated": res.plans,
+                     "greedy": describe(prof, cl, res.greedy_cuts)}
+        else:
+            state, meta = load_state(weights)
+            zs = pretrained_plan(state, prof, cl, k, finetune_steps=args.finetune, seed=args.seed)
+            plan = zs.cuts
+            extra = {"pretrained": weights, "pretrained_steps": meta.get("steps"),
+                     "finetune_steps": zs.finetune_steps, "coarse_cuts": zs.coarse_cuts.tolist()}
+    out.update(describe(prof, cl, plan))
+    out.update(extra)
+    out["optimal_length_s"] = out["optimum"]["length_s"]
+    out["feasible"] = not out["oom"]
+    out["gap"] = gap(out["length_s"], opt.length_s) if not opt.oom else None
+    out["wall_s"] = _time.perf_counter() - t0
+    return out
+
+
+def print_pipeline(res: dict[str, Any]) -> None:
+    o = res["optimum"]
+    print(f"{res['model']} on V100 cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
+          f"[{res['algo']}, {res['wall_s']:.1f} s]")
+    if o["oom"]:
+        print(f"  infeasible: no candidate plan fits in memory (best {max(o['memory_gib']):.1f} GiB per GPU)")
+        return
+    print(f"  cuts         {res['cuts']}  after {', '.join(res['cut_ops'])}")
+    print(f"  layers       {', '.join(res['cut_layers'])}")
+    print(f"  device cuts  {res['device_cuts']}  (devices per stage {res['devices']})")
+    print(f"  L            {res['length_s']:.4f} s per iteration{'  OUT OF MEMORY' if res['oom'] else ''}")
+    print(f"  optimum L    {o['length_s']:.4f} s at {o['cuts']} ({o['evaluated']} plans enumerated); "
+          f"gap {100 * res['gap']:+.2f}%")
+    print(f"  memory       {res['memory_gib']} GiB per GPU")
+
+
 COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
             "estimate": (cmd_estimate, print_estimate), "place": (cmd_place, print_place),
             "solve-dp": (cmd_solve_dp, print_solve_dp), "search": (cmd_search, print_search),
-            "report": (cmd_report, print_report), "partition": (cmd_partition, print_partition)}
+            "report": (cmd_report, print_report), "partition": (cmd_partition, print_partition),
+            "pipeline": (cmd_pipeline, print_pipeline)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -495,6 +582,17 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--mbs", type=int, default=1)
     pa.add_argument("--seed", type=int, default=0)
     pa.add_argument("--json", action="store_true")
+    pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP DQN)")
+    pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")
+    pp.add_argument("--cluster", required=True, help="A, B or C: 2, 3 or 4 servers of 8 V100")
+    pp.add_argument("--stages", type=int, default=None, help="K (default: the number of servers)")
+    pp.add_argument("--algo", choices=PIPELINE_ALGOS, default="rainbow")
+    pp.add_argument("--budget", type=int, default=None, help="rainbow: environment steps (default: YAML)")
+    pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
+    pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
+    pp.add_argument("--radius", type=int, default=3, help="pruning radius in devices around server boundaries")
+    pp.add_argument("--seed", type=int, default=0)
+    pp.add_argument("--json", action="store_true")
     rp = sub.add_parser("report", help="report.md with plots of a finished search")
     rp.add_argument("dir")
     rp.add_argument("--json", action="store_true")

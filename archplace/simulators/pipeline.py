@@ -216,10 +216,10 @@ def evaluate(prof: PipelineProfile, cluster: Cluster, cuts: np.ndarray) -> Pipel
         raise ValueError(f"pipeline needs a GPU cluster, {cluster.name} holds {cluster.device.name}")
     s = prof.setup
     bnd = _bounds(prof, cuts)
-    lo, hi = bnd[:, :-1], bnd[:, 1:]
 
-    def seg(prefix: np.ndarray) -> np.ndarray:
-        return prefix[hi] - prefix[lo]
+    def seg(prefix: np.ndarray) -> np.ndarray:  # per-stage sums: one gather, then differences
+        at = prefix[bnd]
+        return at[:, 1:] - at[:, :-1]
 
     comp = seg(prof.compute_s_prefix)
     d = allocate_devices(comp, cluster.num_devices)

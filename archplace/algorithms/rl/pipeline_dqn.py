@@ -232,3 +232,25 @@ def load_state(path) -> tuple[dict[str, Any], dict[str, Any]]:
     from .mcm_ppo import load_state as _load
 
     return _load(path)
+
+
+def sweep(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
+          grid: dict[str, list] | None = None, seed: int = 0, cpus_per_trial: float = 1.0) -> list[dict]:
+    """A Ray Tune grid over DQN settings (default: the YAML's ``sweep`` section), one online-training
+    search per trial, reporting the best L; rows sorted best first."""
+    from ray import tune
+
+    grid = grid if grid is not None else load_config()["sweep"]
+
+    def trial(config: dict) -> None:
+        r = dqn_search(profile, cluster, num_stages, budget_steps, seed=seed, dqn=dict(config))
+        tune.report({"length_s": r.best_length_s if not r.best_oom else float("inf"),
+                     "greedy_length_s": r.greedy_length_s, "env_steps": r.env_steps, "wall_s": r.wall_s})
+
+    tuner = tune.Tuner(tune.with_resources(trial, {"cpu": cpus_per_trial}),
+                       param_space={k: tune.grid_search(list(v)) for k, v in grid.items()},
+                       tune_config=tune.TuneConfig(metric="length_s", mode="min"))
+    results = tuner.fit()
+    rows = [{**r.config, **{k: r.metrics.get(k) for k in ("length_s", "greedy_length_s", "env_steps",
+                                                          "wall_s")}} for r in results]
+    return sorted(rows, key=lambda x: (x["length_s"] is None, x["length_s"]))
