@@ -8,9 +8,9 @@ import pytest
 from archplace.workloads.profiles import (
     DISTRIBUTIONS,
     CoarseProfile,
-    draw_raw,
     coarse_indices,
     coarsen,
+    draw_raw,
     synthetic_profile,
 )
 

@@ -590,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--budget", type=int, default=None, help="rainbow: environment steps (default: YAML)")
     pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
     pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
-    pp.add_argument("--radius", type=int, default=3, help="pruning radius in devices around server boundaries")
+    pp.add_argument("--radius", type=int, default=3, help="pruning radius (devices) around server boundaries")
     pp.add_argument("--seed", type=int, default=0)
     pp.add_argument("--json", action="store_true")
     rp = sub.add_parser("report", help="report.md with plots of a finished search")
