@@ -101,7 +101,8 @@ def table(records: list[dict]) -> str:
         zs_txt = ("OOM" if zs and zs["oom"] else g(zs["length_s"], o["length_s"])) if zs else "-"
         lines.append(base + f"{o['length_s']:8.4f} {a['length_s']:8.4f} "
                      f"{g(a['length_s'], o['length_s']):>7s} "
-                     f"{g(a['greedy']['length_s'], o['length_s']):>7s} {a['wall_s']:6.0f} "
+                     f"{'OOM' if a['greedy']['oom'] else g(a['greedy']['length_s'], o['length_s']):>7s} "
+                     f"{a['wall_s']:6.0f} "
                      f"{a['env_steps']:>5d} {a['steps_to_1pct'] or '-':>5} "
                      f"{g(r['random']['best_length_s'], o['length_s']):>7s} {zs_txt:>8s} "
                      f"{str(tuple(o['device_cuts'])):16s} {', '.join(a['cut_layers'])}")

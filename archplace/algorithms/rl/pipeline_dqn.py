@@ -98,8 +98,8 @@ class DQNSearch:
 
 def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
                seed: int = 0, radius: int = 3, dqn: dict | None = None, model: dict | None = None,
-               init_state: dict | None = None, train: bool = True, keep_state: bool = False) -> DQNSearch:
-    """Train (or, with ``train=False``, only run) the DQN for ``budget_steps`` environment steps."""
+               keep_state: bool = False) -> DQNSearch:
+    """Train the DQN from scratch for ``budget_steps`` environment steps (online training, §9)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from ...simulators.pipeline import evaluate
@@ -110,19 +110,11 @@ def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budg
     env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius}
     algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model)
     try:
-        if init_state is not None:
-            algo.learner_group.set_weights({DEFAULT_MODULE_ID: init_state})
-            algo.env_runner.module.set_state(init_state)
         env = env_of(algo)
         steps = 0
         while steps < budget_steps:
-            if train:
-                res = algo.train()
-                steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-            else:
-                algo.env_runner.sample(num_timesteps=min(64, budget_steps - steps), explore=True)
-                steps = int(algo.env_runner.metrics.peek(("num_env_steps_sampled_lifetime",), default=0)
-                            or steps + 64)
+            res = algo.train()
+            steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
         probe = PipelineCutEnv({**env_cfg, "candidates": env.cand})
         g = greedy_plan(algo, probe)
         r = evaluate(profile, cluster, g[None, :])

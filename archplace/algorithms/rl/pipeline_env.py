@@ -13,6 +13,8 @@ candidate_pivots`); the Dict observation carries
   stage time (total compute / devices), since they span orders of magnitude (NVLink vs 25 Gbps).
   With the three features alone the agent stalled 31% above the optimum on bert-48 / C in 3,000
   steps (its Q has to rebuild L from parts); the fourth hands it the combination;
+  With ``raw_features`` (the online-inference agent, §10.4) three more columns give the
+  transformed profile itself at each pivot, C*, A*, W*;
 * ``context``: the step as a one-hot over ``MAX_STAGES`` − 1 cuts, K / ``MAX_STAGES`` and the compute
   fraction cut so far;
 * ``action_mask`` (P,): 1 for a pivot the next cut may take (its own window, after the last cut, a
