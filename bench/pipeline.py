@@ -13,7 +13,7 @@ Cases are cached in ``--cache`` (one entry per model/cluster/seed/budget), so an
 resumes. ``--pretrain-steps N`` first pre-trains the online-inference agent on synthetic profiles and
 writes its weights to ``--pretrained``.
 
-    python bench/pipeline.py                       # every case, default budget
+    python bench/pipeline.py                       # every case, default budget (1300 steps per cut)
     python bench/pipeline.py --models bert-48 --clusters C
     python bench/pipeline.py --pretrain-steps 20000
 """
@@ -113,7 +113,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
-    ap.add_argument("--budget", type=int, default=None, help="env steps per search (default: YAML)")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="env steps per search (default: the YAML's steps_per_cut x (K - 1))")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pretrained", default=None, help="weights for the zero-shot column "
                     "(default: the package's pipeline_dqn_pretrained.npz)")
@@ -124,10 +125,14 @@ def main() -> None:
 
     import ray
 
-    from archplace.algorithms.rl.pipeline_dqn import load_config, load_state, pretrain_synthetic, save_state
+    from archplace.algorithms.rl.pipeline_dqn import (
+        default_budget,
+        load_state,
+        pretrain_synthetic,
+        save_state,
+    )
     from archplace.algorithms.rl.pipeline_plan import pretrained_weights_path
 
-    budget = args.budget or int(load_config()["search"]["budget_steps"])
     weights = Path(args.pretrained) if args.pretrained else pretrained_weights_path()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if args.pretrain_steps:
@@ -140,8 +145,11 @@ def main() -> None:
     cache_path = Path(args.cache)
     cache = _load(cache_path)
     records = []
+    budgets = []
     for model in args.models.split(","):
         for cl in args.clusters.split(","):
+            budget = args.budget or default_budget({"A": 2, "B": 3, "C": 4}[cl])
+            budgets.append(budget)
             key = f"{model}|{cl}|seed{args.seed}|budget{budget}"
             if key not in cache:
                 t0 = time.perf_counter()
@@ -156,7 +164,7 @@ def main() -> None:
     walls = [r["agent"]["wall_s"] for r in feasible]
     zs = [r["zero_shot"]["length_s"] / r["optimum"]["length_s"] - 1 for r in feasible
           if "zero_shot" in r and not r["zero_shot"]["oom"]]
-    summary = (f"\nbudget {budget} env steps per case, seed {args.seed}. Trained agent: "
+    summary = (f"\nbudget {sorted(set(budgets))} env steps per case, seed {args.seed}. Trained agent: "
                f"{sum(g <= 0.01 for g in gaps)}/{len(gaps)} cases within 1% of the optimum "
                f"(max gap {100 * max(gaps, default=0):.2f}%), max wall {max(walls, default=0):.0f} s; "
                f"infeasible (OOM): {[r['model'] + '/' + r['cluster'] for r in records if r['infeasible']]}."
@@ -164,7 +172,7 @@ def main() -> None:
                   if zs else ""))
     print("\n" + txt + summary)
     Path(args.out + ".txt").write_text(txt + summary + "\n")
-    Path(args.out + ".json").write_text(json.dumps({"budget": budget, "seed": args.seed,
+    Path(args.out + ".json").write_text(json.dumps({"budgets": sorted(set(budgets)), "seed": args.seed,
                                                      "records": records}, indent=1))
 
 

@@ -461,12 +461,17 @@ def cmd_pipeline(args) -> dict[str, Any]:
     else:
         import ray
 
-        from archplace.algorithms.rl.pipeline_dqn import dqn_search, load_config, load_state, pretrained_plan
+        from archplace.algorithms.rl.pipeline_dqn import (
+            default_budget,
+            dqn_search,
+            load_state,
+            pretrained_plan,
+        )
 
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         if args.algo == "rainbow":
-            budget = args.budget or int(load_config()["search"]["budget_steps"])
+            budget = args.budget or default_budget(k)
             res = dqn_search(prof, cl, k, budget, seed=args.seed, radius=args.radius)
             plan = res.best_cuts
             extra = {"env_steps": res.env_steps, "plans_evaluated": res.plans,
@@ -587,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--cluster", required=True, help="A, B or C: 2, 3 or 4 servers of 8 V100")
     pp.add_argument("--stages", type=int, default=None, help="K (default: the number of servers)")
     pp.add_argument("--algo", choices=PIPELINE_ALGOS, default="rainbow")
-    pp.add_argument("--budget", type=int, default=None, help="rainbow: environment steps (default: YAML)")
+    pp.add_argument("--budget", type=int, default=None,
+                    help="rainbow: environment steps (default 1300 per cut)")
     pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
     pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
     pp.add_argument("--radius", type=int, default=3, help="pruning radius (devices) around server boundaries")

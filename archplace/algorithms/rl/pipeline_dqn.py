@@ -59,6 +59,11 @@ def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | 
     return config.build_algo()
 
 
+def default_budget(num_stages: int) -> int:
+    """Environment steps for a search with K stages: ``steps_per_cut`` × (K − 1) (the YAML)."""
+    return int(load_config()["search"]["steps_per_cut"]) * max(1, num_stages - 1)
+
+
 def env_of(algo) -> PipelineCutEnv:
     return algo.env_runner.env.unwrapped.envs[0].unwrapped
 
