@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 from ...hardware.presets import Cluster
-from ...simulators.pipeline import PipelineProfile, allocate_devices, evaluate
+from ...simulators.pipeline import PipelineProfile, _inter_bw, allocate_devices, evaluate
 from ..solvers.pipeline_exact import Candidates, candidate_pivots
 
 MAX_STAGES = 8
@@ -124,7 +124,7 @@ class PipelineCutEnv(gym.Env):
         start = end - d
         cl = self.cluster
         per = cl.devices_per_server or cl.num_devices
-        inter = cl.inter_server_bw if cl.topology == "servers" else cl.link_bw
+        inter = _inter_bw(cl)
         bw = np.where(start // per != (end - 1) // per, inter, cl.link_bw)
         ar = np.where(d > 1, 2.0 * (d - 1) / d * par / bw, 0.0).max(axis=1)
         # activation transfers over the cuts made so far and this one
@@ -145,8 +145,7 @@ class PipelineCutEnv(gym.Env):
 
     @property
     def _inter_bw(self) -> float:
-        cl = self.cluster
-        return cl.inter_server_bw if cl.topology == "servers" else cl.link_bw
+        return _inter_bw(self.cluster)
 
     def _obs(self) -> dict:
         j = len(self.cuts)

@@ -31,13 +31,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.schedules.scheduler import Scheduler
 from torch import nn
 
-
-def _mlp(sizes: list[int], out: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    layers.append(nn.Linear(sizes[-1], out))
-    return nn.Sequential(*layers)
+from .gnn_module import _mlp
 
 
 class PivotEncoder(nn.Module):
