@@ -70,6 +70,24 @@ class ClusterInfo:
     head_node_id: str | None = None
     worker_node_id: str | None = None
     nodes: list[dict] = field(default_factory=list)
+    _worker: subprocess.Popen | None = None
+
+    def stop_worker(self, grace_s: float = 15.0) -> None:
+        """Take the worker node down as ``ray stop`` on that machine would: SIGTERM its ``ray start
+        --block`` process (which stops the node's raylet and workers), then SIGKILL whatever is left
+        of the tree collected before. The head and its processes are untouched."""
+        if self._worker is None:
+            raise RuntimeError("no worker node to stop")
+        victims = _cluster_processes([self._worker], marker="")
+        with contextlib.suppress(ProcessLookupError):
+            self._worker.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._worker.wait(timeout=grace_s)
+        alive = [p for p in victims.values() if p.is_running()]
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -140,7 +158,7 @@ def _cluster_processes(roots: list[subprocess.Popen], marker: str) -> dict[int, 
             for child in proc.children(recursive=True):
                 found[child.pid] = child
     me = os.getpid()
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline"]) if marker else ():
         with contextlib.suppress(psutil.Error):
             cmdline = proc.info["cmdline"] or []
             if proc.pid != me and any(marker in arg for arg in cmdline):
@@ -244,6 +262,7 @@ def two_node_cluster(tmp_path: Path, head_cpus: float = 1, worker_cpus: float = 
         _wait_for_nodes(info, 1, roots, start_timeout, None)
         roots.append(_popen(worker_cmd, env, log_dir / "ray-start-worker.log"))
         info.nodes = _wait_for_nodes(info, 2, roots, start_timeout, worker_resource)
+        info._worker = roots[1]
         for node in info.nodes:
             if node.get("is_head_node"):
                 info.head_node_id = node["node_id"]

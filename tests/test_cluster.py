@@ -103,3 +103,60 @@ def test_search_job_on_two_node_cluster(tmp_path):
     assert {cluster.head_node_id, cluster.worker_node_id} <= node_ids, where
     assert all(table["hostname"]), table["hostname"]
     assert (Path(out) / "best.json").is_file()
+
+
+def test_search_survives_losing_the_worker_node(tmp_path, ray_session):
+    """The worker node is stopped mid-search: its trials fail, their architectures are handed out
+    again and its tasks re-run on the head; every architecture ends up evaluated exactly once, with
+    the results and the best architecture of an undisturbed run."""
+    import json
+
+    from archplace.platform.search import run_search
+    from archplace.platform.trial import SearchSettings
+
+    args = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1",
+            "--hbm", "32", "--schedule", "sequential", "--searcher", "grid", "--budget", "12", "--json"]
+    settings = SearchSettings(models=("bert-base",), num_devices=64, global_batch=256, microbatches=(1,),
+                              hbm_gb=(32,), schedule="sequential")
+    undisturbed = run_search(settings, tmp_path / "undisturbed", searcher="grid", budget=12, progress=False,
+                             report=False)
+    base = {r["arch_key"]: r["throughput"] for r in pa.read_table(tmp_path / "undisturbed" /
+                                                                  "evaluations.parquet").to_pylist()}
+    out = tmp_path / "lost-worker"
+    entrypoint = (f"cd {shlex.quote(str(REPO_ROOT))} && ARCHPLACE_FAULT_INJECT='slow:*:2' "
+                  f"{shlex.quote(sys.executable)} deploy/search_job.py "
+                  + " ".join(shlex.quote(a) for a in [*args, "--out", str(out)]))
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from archplace.platform.store import ResultStore
+
+    with two_node_cluster(tmp_path, head_cpus=2, worker_cpus=2) as cluster:
+        client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.headers)
+        job = client.submit_job(entrypoint=entrypoint)
+        deadline = time.monotonic() + 300
+        seen = 0
+        while time.monotonic() < deadline and seen < 2:
+            assert not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-4000:]
+            if (out / "search.json").exists():
+                s = ResultStore(out)
+                s.load()
+                seen = len(s)
+            time.sleep(0.2)
+        assert seen >= 2, "the search never got going"
+        cluster.stop_worker()
+        alive = [n for n in cluster.list_nodes() if n.get("state") == "ALIVE"]
+        status = client.get_job_status(job)
+        while not status.is_terminal() and time.monotonic() < deadline + 300:
+            time.sleep(1)
+            status = client.get_job_status(job)
+        logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-6000:]
+    rows = pa.read_table(out / "evaluations.parquet").to_pylist()
+    assert len(rows) == 12 and len({r["arch_key"] for r in rows}) == 12, rows
+    assert all(r["status"] == "ok" for r in rows)
+    assert {r["arch_key"]: r["throughput"] for r in rows} == pytest.approx(base, rel=1e-12)
+    best = json.loads((out / "best.json").read_text())
+    assert best["common"]["arch_label"] == undisturbed["common"]["arch_label"]
+    res = json.loads(next(ln for ln in reversed(logs.splitlines()) if ln.startswith("{")))
+    print(f"worker stopped after {seen} rows; trial errors {res['stats']['trial_errors']}; "
+          f"in-flight limits {res['stats']['in_flight_limits']}; nodes alive after the stop {len(alive)}")

@@ -7,6 +7,7 @@ Vectorised: the ~76k grid points are a few numpy arrays, so enumeration takes mi
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,19 +22,27 @@ ARCH_FIELDS = ("num_tc", "num_vc", "pe_x", "pe_y", "glb_mb")
 DEFAULT_SPACE = "phaze_table1.yaml"
 
 
-def load_space_config(path: str | Path | None = None) -> dict[str, Any]:
-    """Read and check a search-space YAML (the packaged Phaze space by default)."""
+SpaceSpec = str | Path | dict | None
+
+
+def load_space_config(path: SpaceSpec = None) -> dict[str, Any]:
+    """Read and check a search space: the packaged Phaze space (``None``), a YAML file, or the
+    already-read content as a dict (what a search ships to its workers, so no worker node needs the
+    file)."""
     import yaml
 
-    if path is None:
-        text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
-        where = DEFAULT_SPACE
+    if isinstance(path, dict):
+        cfg, where = path, "search space"
     else:
-        p = Path(path)
-        if not p.exists():
-            raise ValueError(f"search-space file {str(p)!r} does not exist")
-        text, where = p.read_text(), str(p)
-    cfg = yaml.safe_load(text)
+        if path is None:
+            text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
+            where = DEFAULT_SPACE
+        else:
+            p = Path(path)
+            if not p.exists():
+                raise ValueError(f"search-space file {str(p)!r} does not exist")
+            text, where = p.read_text(), str(p)
+        cfg = yaml.safe_load(text)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
         raise ValueError(f"{where}: field 'architecture' is missing")
     arch = cfg["architecture"]
@@ -101,9 +110,17 @@ class ArchSpace:
 
 @functools.lru_cache(maxsize=8)
 def _enumerate_cached(path: str | None) -> ArchSpace:
+    return _enumerate(load_space_config(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _enumerate_content(text: str) -> ArchSpace:
+    return _enumerate(load_space_config(json.loads(text)))
+
+
+def _enumerate(cfg: dict[str, Any]) -> ArchSpace:
     from .presets import preset_accelerator
 
-    cfg = load_space_config(path)
     arch, cons = cfg["architecture"], cfg.get("constraints", {}) or {}
     axes = [_values(arch[f], f"architecture.{f}") for f in ARCH_FIELDS]
     grid = np.meshgrid(*axes, indexing="ij")
@@ -130,6 +147,9 @@ def _enumerate_cached(path: str | None) -> ArchSpace:
                      lower, {k: list(v) for k, v in training.items()})
 
 
-def enumerate_space(path: str | Path | None = None) -> ArchSpace:
-    """Feasible architectures of the space in ``path`` (default: the packaged Phaze space)."""
+def enumerate_space(path: SpaceSpec = None) -> ArchSpace:
+    """Feasible architectures of the space in ``path`` (default: the packaged Phaze space), or of a
+    space given by content (a dict as ``load_space_config`` returns it)."""
+    if isinstance(path, dict):
+        return _enumerate_content(json.dumps(path, sort_keys=True))
     return _enumerate_cached(None if path is None else str(path))

@@ -281,6 +281,7 @@ RECOMPUTE = {"both": (False, True), "stash": (False,), "recompute": (True,)}
 def cmd_search(args) -> dict[str, Any]:
     import time as _time
 
+    from archplace.hardware.space import load_space_config
     from archplace.platform.search import run_search
     from archplace.platform.trial import SearchSettings
 
@@ -288,13 +289,16 @@ def cmd_search(args) -> dict[str, Any]:
         models=tuple(args.models), num_devices=args.accelerators, global_batch=args.global_batch,
         microbatches=_int_list(args.microbatches, "--microbatches"), hbm_gb=_float_list(args.hbm, "--hbm"),
         recompute=RECOMPUTE[args.recompute], seq=args.seq, ilp_time_limit_s=args.ilp_time_limit,
-        space_path=str(Path(args.space).resolve()) if args.space else None,
+        space=load_space_config(args.space) if args.space else None, schedule=args.schedule,
         tmp_widths={m: _int_list(args.tmp_widths, "--tmp-widths") for m in args.models} if args.tmp_widths
         else {})
     out = args.out or f"runs/search-{_time.strftime('%Y%m%d-%H%M%S')}"
     return run_search(settings, out, searcher=args.searcher, budget=args.budget, address=args.address,
-                      resume=args.resume, workers=args.workers, seed=args.seed, hysteresis=args.hysteresis,
-                      area_bucket_mm2=args.area_bucket, max_failures=args.max_failures,
+                      resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
+                      seed=args.seed,
+                      hysteresis=args.hysteresis, area_bucket_mm2=args.area_bucket,
+                      max_failures=args.max_failures, archs_per_trial=args.archs_per_trial,
+                      schedule_cache=args.schedule_cache, wait_timeout_s=args.wait_timeout,
                       progress=not args.json)
 
 
@@ -303,7 +307,14 @@ def print_search(res: dict[str, Any]) -> None:
     print(f"search of {', '.join(res['models'])} on {res['num_devices']} accelerators, global batch "
           f"{res['global_batch']} [{res['searcher']}]: {res['evaluated']} architectures "
           f"({st.get('resumed', 0)} resumed, {res['failed']} failed) in {st.get('wall_s', 0):.1f} s "
-          f"with {st.get('workers', '?')} workers")
+          f"with up to {max(st.get('in_flight_limits') or [0])} trials in flight")
+    cache = st.get("cache")
+    if cache and cache.get("layer_lookups"):
+        print(f"  layer ILPs   {cache['layer_lookups']} layer lookups; {cache['within_arch_dedup']} "
+              f"({cache['within_arch_dedup_rate']:.0%}) were repeated layers inside one architecture; of the "
+              f"{cache['distinct_per_arch']} distinct slices {cache['cross_trial_hits']} came from the "
+              f"schedule "
+              f"cache ({cache['cross_trial_hit_rate']:.0%}) and {cache['solved']} were solved")
     c = res.get("common")
     if c is None:
         print("  no architecture gave a feasible placement")
@@ -561,7 +572,21 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
     se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
     se.add_argument("--resume", action="store_true", help="continue the search in --out")
-    se.add_argument("--workers", type=int, help="concurrent trials and solver actors (default: cluster CPUs)")
+    se.add_argument("--retry-failed", action="store_true",
+                    help="with --resume: evaluate the architectures recorded as failed again")
+    se.add_argument("--workers", type=int,
+                    help="most trials in flight (default: the cluster's CPUs, re-read as nodes join "
+                         "or leave)")
+    se.add_argument("--archs-per-trial", type=int, default=1,
+                    help="architectures evaluated by one Tune trial (large cheap sweeps: 50-200)")
+    se.add_argument("--schedule", choices=("ilp", "sequential"), default="ilp",
+                    help="layer schedules: the ILP (Phaze), or sequential (no ILP, every op intra-op "
+                         "parallel: Phaze's baseline, for fast screening sweeps)")
+    se.add_argument("--schedule-cache", default=None,
+                    help="solved layer slices (JSON lines), reused by --resume and by searches given the "
+                         "same file (default: OUT/schedule_cache.jsonl)")
+    se.add_argument("--wait-timeout", type=float, default=600.0,
+                    help="seconds to wait for the cluster's first CPU and the model graphs")
     se.add_argument("--microbatches", default="1,2,4,8")
     se.add_argument("--hbm", default="32,64,80", help="HBM sizes in GB")
     se.add_argument("--recompute", choices=sorted(RECOMPUTE), default="both")
@@ -573,7 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--area-bucket", type=float, default=0.01,
                     help="Phaze area bucket in mm² (0 = exact areas)")
     se.add_argument("--seed", type=int, default=0)
-    se.add_argument("--max-failures", type=int, default=2, help="retries of a failing trial")
+    se.add_argument("--max-failures", type=int, default=2,
+                    help="retries of an architecture whose evaluation failed")
     se.add_argument("--json", action="store_true")
     pa = sub.add_parser("partition", help="partition a model over the chiplets of a multi-chip module")
     pa.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")

@@ -31,11 +31,13 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "p": 0, "d": 0, "t": 0, "microbatch": 0, "num_stages": 0, "hbm_gb": math.nan, "recompute": None,
     "stages_json": "", "expert_throughput": math.nan, "expert_pdt": "", "estimate_s": math.nan,
     "ilp_s": math.nan, "dp_s": math.nan, "total_s": math.nan, "ilp_solved": 0, "cache_hits": 0,
+    "ilp_lookups": 0, "ilp_unique": 0,
     "node_id": "", "hostname": "", "pid": None, "finished_at": math.nan,
 }
 _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb", "expert_throughput",
                  "estimate_s", "ilp_s", "dp_s", "total_s", "finished_at")
-_INT_FIELDS = ("p", "d", "t", "microbatch", "num_stages", "ilp_solved", "cache_hits")
+_INT_FIELDS = ("p", "d", "t", "microbatch", "num_stages", "ilp_solved", "cache_hits", "ilp_lookups",
+               "ilp_unique")
 _PLACEMENT_FIELDS = ("throughput", "p", "d", "t", "microbatch", "recompute", "hbm_gb", "num_stages",
                      "time_per_batch_s")
 DASH = "—"
@@ -334,10 +336,10 @@ def _plot_times(path: Path, models: list[str], parts: dict[str, list[float]], so
     ax.grid(axis="y", alpha=0.3)
     w = 0.38
     ax2.bar(x - w / 2, solved, w, label="slices solved (ILP)", color="tab:orange")
-    ax2.bar(x + w / 2, hits, w, label="cache hits", color="tab:cyan")
+    ax2.bar(x + w / 2, hits, w, label="schedule-cache hits", color="tab:cyan")
     ax2.set_xticks(x, models, rotation=20, ha="right", fontsize=8)
     ax2.set_ylabel("layer slices")
-    ax2.set_title("Layer-ILP cache")
+    ax2.set_title("Distinct layer slices: solved vs. from the schedule cache")
     top = max([*solved, *hits, 0])
     ax2.set_ylim(0, top * 1.3 if top > 0 else 1.0)
     ax2.legend(fontsize=8, loc="upper left", ncols=2)
@@ -481,12 +483,15 @@ def _pareto_section(s: _Search, plots: Path) -> tuple[list[str], list[Path]]:
 def _time_section(s: _Search, plots: Path) -> tuple[list[str], list[Path]]:
     lines = ["## Time breakdown", "",
              "Seconds summed over all evaluations of each model (every status); *other* is the total "
-             "minus estimation, ILP and DP. The cache hit rate is cache hits / (cache hits + slices "
-             "solved)."]
+             "minus estimation, ILP and DP. Two different savings on the layer ILPs: *repeated layers* "
+             "are layer lookups answered by an identical layer of the same architecture (a transformer's "
+             "blocks; lookups - distinct slices), and *schedule-cache hits* are distinct slices answered "
+             "without a solve by the search's schedule cache (earlier trials, a resumed run, or another "
+             "search's cache file), as a share of the distinct slices."]
     parts: dict[str, list[float]] = {"estimation": [], "ILP": [], "DP": [], "other": []}
     solved, hits, table = [], [], []
 
-    def sums(rs: list[dict[str, Any]]) -> tuple[float, float, float, float, float, int, int]:
+    def sums(rs: list[dict[str, Any]]) -> tuple[float, float, float, float, float, int, int, int, int]:
         def tot(k: str) -> float:
             v = [r[k] for r in rs if math.isfinite(r[k])]
             return float(sum(v)) if v else math.nan
@@ -494,18 +499,20 @@ def _time_section(s: _Search, plots: Path) -> tuple[list[str], list[Path]]:
         est, ilp, dp, total = tot("estimate_s"), tot("ilp_s"), tot("dp_s"), tot("total_s")
         known = sum(x for x in (est, ilp, dp) if math.isfinite(x))
         other = max(0.0, total - known) if math.isfinite(total) else math.nan
-        return est, ilp, dp, other, total, sum(r["ilp_solved"] for r in rs), sum(r["cache_hits"] for r in rs)
+        return (est, ilp, dp, other, total, sum(r["ilp_solved"] for r in rs),
+                sum(r["cache_hits"] for r in rs),
+                sum(r["ilp_lookups"] for r in rs), sum(r["ilp_unique"] for r in rs))
 
     def row(name: str, rs: list[dict[str, Any]]) -> list[Any]:
-        est, ilp, dp, other, total, n_solved, n_hits = sums(rs)
-        looked = n_solved + n_hits
-        rate = _f(100.0 * n_hits / looked, 1, " %") if looked else DASH
-        return [name, len(rs), _f(est), _f(ilp), _f(dp), _f(other), _f(total), f"{n_solved:,}",
-                f"{n_hits:,}", rate]
+        est, ilp, dp, other, total, n_solved, n_hits, lookups, unique = sums(rs)
+        dedup = _f(100.0 * (lookups - unique) / lookups, 1, " %") if lookups else DASH
+        rate = _f(100.0 * n_hits / unique, 1, " %") if unique else DASH
+        return [name, len(rs), _f(est), _f(ilp), _f(dp), _f(other), _f(total), f"{lookups:,}", dedup,
+                f"{unique:,}", f"{n_solved:,}", f"{n_hits:,}", rate]
 
     for m in s.models:
         rs = [r for r in s.rows if r["model"] == m]
-        est, ilp, dp, other, _total, n_solved, n_hits = sums(rs)
+        est, ilp, dp, other, _total, n_solved, n_hits, _, _ = sums(rs)
         for k, v in zip(parts, (est, ilp, dp, other)):
             parts[k].append(v)
         solved.append(n_solved)
@@ -513,7 +520,8 @@ def _time_section(s: _Search, plots: Path) -> tuple[list[str], list[Path]]:
         table.append(row(m, rs))
     table.append(row("all", s.rows))
     lines += ["", _table(["Model", "Evaluations", "Estimation (s)", "ILP (s)", "DP (s)", "Other (s)",
-                          "Total (s)", "Slices solved", "Cache hits", "Hit rate"], table, "lrrrrrrrrr")]
+                          "Total (s)", "Layer lookups", "Repeated layers", "Distinct slices", "Solved",
+                          "Schedule-cache hits", "Hit rate"], table, "lrrrrrrrrrrrr")]
     path = plots / "time_breakdown.png"
     _plot_times(path, s.models, parts, solved, hits)
     lines += ["", f"![Time breakdown](plots/{path.name})"]

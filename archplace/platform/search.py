@@ -14,18 +14,23 @@ import os
 import socket
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from .lock import OutDirLock
 from .store import ResultStore
-from .trial import FAULT_ENV, METRIC, SearchSettings
+from .trial import FAULT_ENV, METRIC, SCHEDULES, SearchSettings
+
+TRIAL_CPUS = 0.01   # a trial only submits tasks and waits; the tasks take the CPUs
 
 SEARCHERS = ("phaze", "optuna", "random", "grid")
 
 
 # ---------------------------------------------------------------------- validation
-def validate(settings: SearchSettings, searcher: str, budget: int, workers: int | None) -> None:
+def validate(settings: SearchSettings, searcher: str, budget: int, workers: int | None,
+             archs_per_trial: int = 1) -> None:
     """Every input check that needs no Ray, with one-line errors naming the field."""
     from ..hardware.space import enumerate_space
     from ..workloads.models import PRESETS
@@ -43,6 +48,13 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
         raise ValueError(f"--budget must be a positive number of architectures, got {budget}")
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if not isinstance(archs_per_trial, int) or archs_per_trial < 1:
+        raise ValueError(f"--archs-per-trial must be >= 1, got {archs_per_trial}")
+    if archs_per_trial > 1 and searcher == "optuna":
+        raise ValueError("--archs-per-trial: the optuna searcher suggests one architecture per trial; "
+                         "use phaze, random or grid for batched trials")
+    if settings.schedule not in SCHEDULES:
+        raise ValueError(f"--schedule {settings.schedule!r} unknown; allowed: {list(SCHEDULES)}")
     if settings.num_devices < 1:
         raise ValueError(f"--accelerators must be >= 1, got {settings.num_devices}")
     if settings.global_batch < 1:
@@ -57,7 +69,7 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
     for m in settings.models:
         if not settings.widths(m):
             raise ValueError(f"model {m!r}: no TMP width fits in {settings.num_devices} accelerators")
-    enumerate_space(settings.space_path)  # raises for a missing file or an empty space
+    enumerate_space(settings.space)  # raises for an empty space
 
 
 def connect(address: str | None, num_cpus: int | None = None) -> None:
@@ -78,6 +90,7 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         return
     kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
     if address is None:
+        _loopback_only()
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
         return
     try:
@@ -87,6 +100,18 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
                          "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
                          ) from None
+
+
+def _loopback_only() -> None:
+    """Make the embedded Ray listen on 127.0.0.1 only. Ray binds its servers (GCS, raylet, object
+    manager, workers) to the node IP, and resolves 127.0.0.1 to the machine's outward address unless
+    multi-node mode is off: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the default on macOS and
+    Windows). The variable is read when ray is imported, so the constant is set here as well; the
+    processes ray.init starts inherit the environment."""
+    import ray._private.ray_constants as rc
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    rc.ENABLE_RAY_CLUSTER = False
 
 
 # ---------------------------------------------------------------------- progress
@@ -124,41 +149,58 @@ def _hms(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progress | None):
-    """A Tune Callback (built lazily so this module imports without Ray) that records every
-    finished trial, including those that failed after all their retries."""
+def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
+                    cache_file, space):
+    """A Tune Callback (built lazily so this module imports without Ray) that streams every reported
+    architecture into the result store and newly solved slices into the schedule cache, and records
+    the architectures a failed trial left unevaluated once the searcher has given up on them."""
     from ray.tune import Callback
 
     from ..algorithms.search import nearest_index
-    from ..hardware.space import enumerate_space
     from .trial import SearchSettings, arch_columns
 
     settings = SearchSettings.from_dict(meta["settings"])
+    counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
 
     class StoreCallback(Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            rows = json.loads(result["rows_json"])
-            store.add(rows, meta["searcher"])
+            by_arch: dict[str, list[dict[str, Any]]] = {}
+            for r in json.loads(result["rows_json"]):
+                by_arch.setdefault(r["arch_key"], []).append(r)
+                counts["lookups"] += int(r.get("ilp_lookups", 0))
+                counts["unique"] += int(r.get("ilp_unique", 0))
+                counts["cache_hits"] += int(r.get("cache_hits", 0))
+                counts["solved"] += int(r.get("ilp_solved", 0))
+            for rows in by_arch.values():
+                store.add(rows, meta["searcher"])
+                if progress:
+                    progress.update(float(np.mean([r["throughput"] for r in rows])))
+            cache_file.append(json.loads(result.get("solved_json") or "{}"))
             store.write_best(meta)
-            if progress:
-                progress.update(result.get(METRIC))
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            space = enumerate_space(settings.space_path)
-            idx = nearest_index(space, trial.config)
-            acc = space.accelerator(idx)
+            counts["trial_errors"] += 1
+            final = getattr(searcher, "final_failures", None)
+            if final is not None:
+                indices = final.pop(trial.trial_id, [])
+            else:   # optuna: one architecture per trial, retried by Tune itself
+                indices = [nearest_index(space, trial.config)]
             text = _error_text(trial).strip().splitlines()
             msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
                        text[-1] if text else "evaluation failed")
-            rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
-                     "error": msg.strip()[:500], "throughput": 0.0,
-                     "trial_id": trial.trial_id, "finished_at": time.time()} for m in settings.models]
-            store.add(rows, meta["searcher"])
+            for idx in indices:
+                acc = space.accelerator(idx)
+                rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
+                         "error": msg.strip()[:500], "throughput": 0.0, "schedule": settings.schedule,
+                         "trial_id": trial.trial_id, "finished_at": time.time()} for m in settings.models]
+                store.add(rows, meta["searcher"])
+                if progress:
+                    progress.update(None, failed=True)
             store.write_best(meta)
-            if progress:
-                progress.update(None, failed=True)
 
-    return StoreCallback()
+    cb = StoreCallback()
+    cb.counts = counts
+    return cb
 
 
 def _error_text(trial) -> str:
@@ -176,12 +218,40 @@ def _error_text(trial) -> str:
 
 # ---------------------------------------------------------------------- the search
 def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str = "phaze", budget: int = 16,
-               address: str | None = None, resume: bool = False, workers: int | None = None, seed: int = 0,
-               hysteresis: int = 6, area_bucket_mm2: float = 0.01, max_failures: int = 2,
-               progress: bool = True, report: bool = True) -> dict[str, Any]:
-    """Run (or resume) a search; returns ``best.json``'s content plus run statistics."""
-    validate(settings, searcher, budget, workers)
+               address: str | None = None, resume: bool = False, retry_failed: bool = False,
+               workers: int | None = None, seed: int = 0, hysteresis: int = 6, area_bucket_mm2: float = 0.01,
+               max_failures: int = 2, archs_per_trial: int = 1, schedule_cache: str | Path | None = None,
+               wait_timeout_s: float = 600.0, task_timeout_s: float = 1800.0, progress: bool = True,
+               report: bool = True) -> dict[str, Any]:
+    """Run (or resume) a search; returns ``best.json``'s content plus run statistics.
+
+    One driver per ``out_dir`` (a lock; a second one gets a ValueError). ``retry_failed`` (with
+    ``resume``) evaluates the architectures recorded as failed again, before anything new.
+    ``wait_timeout_s`` bounds the wait for the cluster's first CPU and the model graphs;
+    ``task_timeout_s`` any one wait of a trial on its tasks.
+    """
+    validate(settings, searcher, budget, workers, archs_per_trial)
+    if retry_failed and not resume:
+        raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
+                         "pass --resume too")
     out = Path(out_dir).resolve()
+    lock = OutDirLock(out).acquire()
+    try:
+        return _run_locked(settings, out, searcher=searcher, budget=budget, address=address, resume=resume,
+                           retry_failed=retry_failed, workers=workers, seed=seed, hysteresis=hysteresis,
+                           area_bucket_mm2=area_bucket_mm2, max_failures=max_failures,
+                           archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
+                           wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
+                           report=report)
+    finally:
+        lock.release()
+
+
+def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: int, address: str | None,
+                resume: bool, retry_failed: bool, workers: int | None, seed: int, hysteresis: int,
+                area_bucket_mm2: float, max_failures: int, archs_per_trial: int,
+                schedule_cache: str | Path | None, wait_timeout_s: float, task_timeout_s: float,
+                progress: bool, report: bool) -> dict[str, Any]:
     store = ResultStore(out)
     meta_new = {"settings": settings.to_dict(), "searcher": searcher, "seed": seed, "hysteresis": hysteresis,
                 "area_bucket_mm2": area_bucket_mm2, "models": list(settings.models),
@@ -198,14 +268,18 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                                  f"({old.get(k)!r}); resume with the same options")
         store.load()
     finished = store.finished()
-    remaining = budget - len(finished)
+    retry = sorted(e["space_index"] for e in finished.values() if e["failed"]) if retry_failed else []
+    kept = {k: e for k, e in finished.items() if not (retry_failed and e["failed"])}
+    remaining = budget - len(kept)
 
     import ray
     from ray import tune
 
     from ..algorithms.search import make_searcher
     from ..hardware.space import enumerate_space
-    from .pools import NAMESPACE, TRIAL_CPUS, Pools
+    from .limiter import AdaptiveLimiter, pruning_cap
+    from .schedule_cache import ScheduleCacheFile
+    from .tasks import build_graph_task, get, wait_for_cpus
     from .trial import search_trainable
 
     # our progress line replaces Tune's tables; failed trials are recorded with their error, so
@@ -213,54 +287,78 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     connect(address, num_cpus=None)
-    if resume and store.settings_path.exists():
-        old_meta = store.read_meta()
-        if old_meta.get("actor_prefix"):  # a killed driver leaves its detached actors behind
-            Pools(old_meta["actor_prefix"], 0, 0).stop(max_index=int(old_meta.get("workers", 64)))
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    # one worker = one trial + one solver + one simulator (0.8 CPU): more workers than CPUs would
-    # leave actors unschedulable, so the pool is capped at the cluster's CPUs
-    W = max(1, min(workers or cpus, cpus, max(remaining, 1)))
-    pools = Pools(f"search-{uuid.uuid4().hex[:8]}", num_solvers=W, num_simulators=W)
-    meta = {**meta_new, "actor_prefix": pools.prefix, "namespace": NAMESPACE, "workers": W,
-            "budget": budget, "started_at": time.time()}
+    meta = {**meta_new, "budget": budget, "started_at": time.time(), "archs_per_trial": archs_per_trial}
     store.write_meta(meta)
     t0 = time.perf_counter()
-    stats: dict[str, Any] = {"resumed": len(finished), "new_trials": 0, "workers": W}
+    stats: dict[str, Any] = {"resumed": len(kept), "retried": len(retry), "new_trials": 0}
     if remaining > 0:
-        space = enumerate_space(settings.space_path)
-        alg = make_searcher(searcher, settings.space_path, seed=seed, hysteresis=hysteresis,
-                            area_bucket_mm2=area_bucket_mm2, max_concurrent=W)
-        for e in finished.values():
+        wait_for_cpus(wait_timeout_s)
+        space = enumerate_space(settings.space)
+        cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
+        cache = cache_file.load() if settings.schedule == "ilp" else {}
+        stats["cache_loaded"] = len(cache)
+        if cache_file.note:
+            stats["cache_note"] = cache_file.note
+        # every graph traced once per search, shared by all trials through the object store
+        graphs = {k: build_graph_task.remote(k[0], settings.seq, k[1], k[2]) for k in settings.graph_keys()}
+        get(list(graphs.values()), f"building {len(graphs)} model graph(s)", wait_timeout_s)
+        alg = make_searcher(searcher, settings.space, seed=seed, hysteresis=hysteresis,
+                            area_bucket_mm2=area_bucket_mm2, archs_per_trial=archs_per_trial,
+                            max_retries=max_failures, retry_first=retry,
+                            budget=None if searcher == "optuna" else remaining - len(retry))
+        for e in kept.values():
             cfg = ({"arch": e["space_index"]} if searcher != "optuna" else
                    {f: _py(getattr(space, f)[e["space_index"]]) for f in
                     ("num_tc", "num_vc", "pe_x", "pe_y", "glb_mb")})
             alg.add_evaluated_point(cfg, e["value"], error=e["failed"])
-        pools.start()
+        trials_needed = -(-remaining // archs_per_trial)
+        prune = pruning_cap(searcher, budget, hysteresis, archs_per_trial)
+
+        def capacity() -> int:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            return max(1, min(workers or cpus, cpus, prune or cpus, trials_needed))
+
+        limiter = AdaptiveLimiter(alg, capacity)
         prog = _Progress(remaining) if progress else None
+        callback = _store_callback(store, meta, prog, alg, cache_file, space)
         trainable = tune.with_resources(
-            tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), pools=pools,
-                                 out_dir=str(out), faults=os.environ.get(FAULT_ENV, "")),
+            tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), graphs=graphs,
+                                 cache=cache,
+                                 out_dir=str(out), faults=os.environ.get(FAULT_ENV, ""),
+                                 timeout_s=task_timeout_s),
             # SPREAD: on a cluster, successive trials go to the least-loaded node
             tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}], strategy="SPREAD"))
         tuner = tune.Tuner(
             trainable, param_space={"searcher": searcher},  # non-empty, so Tune passes metric/mode on
-            tune_config=tune.TuneConfig(search_alg=alg, metric=METRIC, mode="max", num_samples=remaining,
-                                        max_concurrent_trials=W, reuse_actors=True),
-            run_config=tune.RunConfig(name=f"trials-{pools.prefix}", storage_path=str(out / "tune"),
-                                      verbose=0, callbacks=[_store_callback(store, meta, prog)],
-                                      failure_config=tune.FailureConfig(max_failures=max_failures)))
+            tune_config=tune.TuneConfig(search_alg=limiter, metric=METRIC, mode="max",
+                                        num_samples=remaining if searcher == "optuna" else -1,
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(name=f"trials-{int(time.time())}", storage_path=str(out / "tune"),
+                                      verbose=0, callbacks=[callback],
+                                      # index searchers retry per architecture themselves
+                                      failure_config=tune.FailureConfig(
+                                          max_failures=max_failures if searcher == "optuna" else 0)))
         try:
             grid = tuner.fit()
             stats["new_trials"] = len(grid)
-            stats["cache"] = pools.cache_stats()
         finally:
             if prog:
                 prog.close()
-            pools.stop()
+            c = callback.counts
+            stats["in_flight_limits"] = [lim for _, lim in limiter.history]
+            stats["trial_errors"] = c["trial_errors"]
+            stats["cache"] = {
+                "layer_lookups": c["lookups"], "distinct_per_arch": c["unique"],
+                "within_arch_dedup": c["lookups"] - c["unique"],
+                "within_arch_dedup_rate": ((c["lookups"] - c["unique"]) / c["lookups"] if c["lookups"]
+                                           else 0.0),
+                "cross_trial_hits": c["cache_hits"], "solved": c["solved"],
+                "cross_trial_hit_rate": c["cache_hits"] / c["unique"] if c["unique"] else 0.0}
+            best = store.close(meta)
+    else:
+        best = store.close(meta)
     stats["wall_s"] = time.perf_counter() - t0
-    best = store.write_best(meta)
-    if report and store.rows:
+    if report and len(store):
         from .report import write_report
 
         write_report(out)

@@ -1,15 +1,20 @@
-"""One Tune trial = one architecture, evaluated for every model of the search.
+"""One Tune trial = one or more architectures (``--archs-per-trial``), each evaluated for every
+model of the search.
 
-Per model: the simulator pool turns the architecture into layer-slice ILP instances for every
-(microbatch, TMP width); the solver pool (through the shared cache) gives their makespans; the
-placement DP runs as one Ray task per microbatch over HBM sizes and recomputation. The trial
-reports the across-model average throughput (the searchers' metric) and one result row per model.
+ILP schedule (default), per architecture: a ``prepare_task`` per model turns the architecture into
+layer-slice ILP instances for every (microbatch, TMP width) from the search's shared graphs; slices
+already in the search's schedule cache are taken from it, the rest are solved by ``solve_task``s
+(spread over the cluster); the placement DP runs as one ``dp_task`` per microbatch. Sequential
+schedule: one ``sequential_task`` evaluates all the trial's architectures (no ILP). The trial reports
+after every architecture (at most every ``REPORT_EVERY_S`` for cheap sequential ones), so results
+stream into the store and the searcher sees each value as soon as it exists.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,15 +25,24 @@ import ray
 
 from ..algorithms.solvers.placement import PlacementLayers
 from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
-from .pools import Pools, _stable_hash, call_with_restart, dp_sweep, solve_unique, where_am_i
+from .evaluate import arch_columns, arch_key, expert_for, placement_row
+from .tasks import dp_task, get, prepare_task, sequential_task, solve_task
 
 METRIC = "throughput_avg"
 FAULT_ENV = "ARCHPLACE_FAULT_INJECT"
+SCHEDULES = ("ilp", "sequential")
+REPORT_EVERY_S = 0.5
+SOLVES_PER_TASK = 2       # layer slices per solve_task: few enough to spread, enough to amortise a task
+
+__all__ = ["METRIC", "FAULT_ENV", "SCHEDULES", "SearchSettings", "arch_columns", "arch_key",
+           "evaluate_architecture", "search_trainable"]
 
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Everything that defines a search's results (a resumed search must match it)."""
+    """Everything that defines a search's results (a resumed search must match it). ``space`` is the
+    search space's content (``load_space_config``), ``None`` for the packaged Phaze space: shipped
+    to the workers by value, so no node needs the YAML file."""
 
     models: tuple[str, ...]
     num_devices: int = 1024
@@ -40,8 +54,9 @@ class SearchSettings:
     optimizer: str = "sgd"
     link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
     ilp_time_limit_s: float = 5.0
-    space_path: str | None = None
+    space: dict | None = None
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    schedule: str = "ilp"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -65,21 +80,25 @@ class SearchSettings:
     def cases(self, model: str) -> list[tuple[int, int]]:
         return [(m, t) for m in self.microbatches if self.global_batch % m == 0 for t in self.widths(model)]
 
-
-def arch_key(acc) -> str:
-    glb = int(acc.glb_mb) if float(acc.glb_mb).is_integer() else acc.glb_mb
-    return f"{acc.num_tc}-{acc.num_vc}-{acc.pe_x}-{acc.pe_y}-{acc.pe_vc}-glb{glb}"
+    def graph_keys(self) -> list[tuple[str, int, int]]:
+        """Every (model, microbatch, TMP width) graph the search needs."""
+        return [(m, mbs, t) for m in self.models for mbs, t in self.cases(m)]
 
 
 def _inject_fault(key: str, out_dir: str | None, spec: str = "") -> None:
     """Fault injection for tests and chaos runs: ``ARCHPLACE_FAULT_INJECT="fail:KEY"`` makes that
     architecture's evaluation always raise; ``"flaky:KEY:N"`` raises on its first N attempts
-    (counted in ``OUT/.faults``). Several specs are separated by commas."""
+    (counted in ``OUT/.faults``); ``"slow:KEY:S"`` sleeps S seconds first. KEY ``*`` matches every
+    architecture. Several specs are separated by commas."""
     for item in filter(None, spec.split(",")):
         parts = item.split(":")
-        if parts[0] == "fail" and parts[1] == key:
+        if parts[1] not in (key, "*"):
+            continue
+        if parts[0] == "fail":
             raise RuntimeError(f"injected failure for architecture {key}")
-        if parts[0] == "flaky" and parts[1] == key and out_dir:
+        if parts[0] == "slow":
+            time.sleep(float(parts[2]))
+        if parts[0] == "flaky" and out_dir:
             marker = Path(out_dir) / ".faults" / key
             marker.parent.mkdir(parents=True, exist_ok=True)
             n = int(marker.read_text()) if marker.exists() else 0
@@ -88,118 +107,140 @@ def _inject_fault(key: str, out_dir: str | None, spec: str = "") -> None:
                 raise RuntimeError(f"injected transient failure {n + 1}/{parts[2]} for architecture {key}")
 
 
-def evaluate_model(acc, model: str, settings: SearchSettings, pools: Pools) -> dict[str, Any]:
-    """Best placement of ``model`` on ``acc`` through the actor pools; one result row."""
-    from ..workloads.models import EXPERT_STRATEGIES
-
-    t_start = time.perf_counter()
-    ilp = {"time_limit_s": settings.ilp_time_limit_s}
-    cases = settings.cases(model)
-    if not cases:
-        raise ValueError(f"no microbatch in {list(settings.microbatches)} divides the global batch "
-                         f"{settings.global_batch}")
-    # spread trials over the simulators (each keeps its own graphs), so one model's trials do not queue
-    sim = _stable_hash(f"{model}|{arch_key(acc)}") % pools.num_simulators
-    prep, sim_restarts = call_with_restart(pools, "simulator", sim, "prepare", model, acc.to_dict(),
-                                           cases, settings.seq, settings.optimizer,
-                                           settings.link_bw_bytes_per_s, ilp)
-    problems: dict[str, Any] = {}
-    for _, plan in prep["cases"].values():
-        problems.update(plan.problems)
-    t_ilp = time.perf_counter()
-    sol = solve_unique(pools, problems, ilp)
-    ilp_s = time.perf_counter() - t_ilp
-    by_mbs: dict[int, dict[int, PlacementLayers]] = {}
-    for (mbs, t), (base, plan) in prep["cases"].items():
-        fw, bw = plan.assemble(sol["makespan_s"])
-        by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
-            base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
-            base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
-    expert = EXPERT_STRATEGIES.get(model)
-    if expert is not None and math.prod(expert) > settings.num_devices:
-        expert = None
-    t_dp = time.perf_counter()
-    dp = dp_sweep.options(scheduling_strategy="SPREAD")  # not inside the trial's placement group
-    outs = ray.get([dp.remote(lys, settings.num_devices, settings.global_batch, mbs, settings.hbm_gb,
-                              settings.recompute, settings.link_bw_bytes_per_s, expert)
-                    for mbs, lys in by_mbs.items()])
-    dp_wall = time.perf_counter() - t_dp
-    best = None
-    for o in outs:
-        b = o["best"]
-        if best is None or (b.feasible and (not best.feasible or b.throughput > best.throughput)):
-            best = b
-    exp_tp = float("nan")
-    if expert is not None:
-        feas = [o["expert"].throughput for o in outs if o["expert"] is not None and o["expert"].feasible]
-        exp_tp = max(feas) if feas else 0.0
-    lookups = sum(plan.lookups for _, plan in prep["cases"].values())
-    row: dict[str, Any] = {
-        "model": model, "status": "ok" if best.feasible else "infeasible",
-        "error": "" if best.feasible else (best.reason or "no placement fits"),
-        "throughput": float(best.throughput) if best.feasible else 0.0,
-        "time_per_batch_s": float(best.time_per_batch_s) if best.feasible else float("nan"),
-        "p": int(best.p or 0) if best.feasible else 0, "d": int(best.d or 0) if best.feasible else 0,
-        "t": int(best.t or 0) if best.feasible else 0,
-        "microbatch": int(best.microbatch or 0) if best.feasible else 0,
-        "hbm_gb": float(best.hbm_bytes / 2**30) if best.feasible else float("nan"),
-        "recompute": bool(best.recompute) if best.feasible else False,
-        "num_stages": len(best.stages) if best.feasible else 0,
-        "stages_json": json.dumps([{"first": s.first, "last": s.last, "devices": s.devices,
-                                    "load_s": s.load_s} for s in best.stages]) if best.feasible else "[]",
-        "expert_throughput": exp_tp, "expert_pdt": ",".join(map(str, expert)) if expert else "",
-        "estimate_s": float(prep["estimate_s"] + prep["graph_s"]), "ilp_s": float(ilp_s),
-        "dp_s": float(max(dp_wall, max(o["dp_s"] for o in outs))),
-        "ilp_solved": int(sol["solved"]), "cache_hits": int(lookups - sol["solved"]),
-        "actor_restarts": int(sol["restarts"] + sim_restarts),
-    }
-    row["total_s"] = time.perf_counter() - t_start
-    return row
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def arch_columns(acc) -> dict[str, Any]:
-    """The result-store columns that describe an architecture."""
-    from ..hardware.area import accelerator_area_mm2
-    from ..hardware.presets import TPUV4
+def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str, int, int], Any],
+                          cache: dict[str, list], timeout_s: float = 1800.0
+                          ) -> tuple[float, list[dict[str, Any]], dict[str, list]]:
+    """(across-model average throughput, one row per model, newly solved slices {key: [makespan,
+    status]}) for one architecture under the ILP schedule, through Ray tasks.
 
-    key = arch_key(acc)
-    return {"arch_key": key, "arch_label": acc.label(), "num_tc": acc.num_tc, "num_vc": acc.num_vc,
-            "pe_x": acc.pe_x, "pe_y": acc.pe_y, "pe_vc": acc.pe_vc, "glb_mb": float(acc.glb_mb),
-            "area_mm2": float(accelerator_area_mm2(acc)), "is_reference": key == arch_key(TPUV4)}
-
-
-def evaluate_architecture(acc, settings: SearchSettings, pools: Pools, out_dir: str | None = None,
-                          faults: str = "") -> tuple[float, list[dict[str, Any]]]:
-    """(across-model average throughput, one row per model) for one architecture."""
+    Counts in each row: ``ilp_lookups`` layer slices looked up; ``ilp_unique`` distinct slices of
+    this architecture and model (lookups - unique is the de-duplication of repeated layers inside
+    the architecture); ``cache_hits`` distinct slices answered without solving them in this trial
+    (the search's schedule cache: earlier trials, resumed runs, or the worker's own memory);
+    ``ilp_solved`` slices solved now.
+    """
     common = arch_columns(acc)
-    _inject_fault(common["arch_key"], out_dir, faults)
+    arch = acc.to_dict()
+    ilp = {"time_limit_s": settings.ilp_time_limit_s}
+    t0 = time.perf_counter()
+    preps = {m: prepare_task.remote(arch, settings.cases(m), settings.optimizer,
+                                    settings.link_bw_bytes_per_s, ilp,
+                                    *[graphs[(m, mbs, t)] for mbs, t in settings.cases(m)])
+             for m in settings.models}
+    preps = dict(zip(preps, get(list(preps.values()), f"estimates of {common['arch_key']}", timeout_s)))
+    t_est = time.perf_counter()
+    # distinct slices over every model and case of this architecture; cached ones are not solved
+    problems: dict[str, Any] = {}
+    for p in preps.values():
+        for _, plan in p["cases"].values():
+            problems.update(plan.problems)
+    makespan = {k: float(cache[k][0]) for k in problems if k in cache}
+    hits = set(makespan)
+    todo = [(k, problems[k]) for k in problems if k not in makespan]
+    solved: dict[str, list] = {}
+    solve_s = 0.0
+    if todo:
+        refs = [solve_task.remote(chunk, ilp) for chunk in _chunks(todo, SOLVES_PER_TASK)]
+        for res in get(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
+            for r in res:
+                makespan[r["key"]] = r["makespan_s"]
+                if r["solved"]:
+                    solved[r["key"]] = [r["makespan_s"], r["status"]]
+                    solve_s += r["solve_time_s"]
+                else:
+                    hits.add(r["key"])
+    t_ilp = time.perf_counter()
     rows = []
-    for model in settings.models:
-        rows.append({**common, **evaluate_model(acc, model, settings, pools)})
+    dp_refs = {}
+    for m, p in preps.items():
+        by_mbs: dict[int, dict[int, PlacementLayers]] = {}
+        for (mbs, t), (base, plan) in p["cases"].items():
+            fw, bw = plan.assemble(makespan)
+            by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
+                base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
+                base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
+        expert = expert_for(m, settings.num_devices)
+        dp_refs[m] = (expert, [dp_task.remote(lys, settings.num_devices, settings.global_batch, mbs,
+                                              settings.hbm_gb, settings.recompute,
+                                              settings.link_bw_bytes_per_s, expert)
+                               for mbs, lys in by_mbs.items()])
+    for m, (expert, refs) in dp_refs.items():
+        outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)
+        plans = [plan for _, plan in preps[m]["cases"].values()]
+        keys = set().union(*(plan.problems for plan in plans))
+        row = {**common, **placement_row(m, outs, expert), "schedule": "ilp",
+               "estimate_s": float(preps[m]["estimate_s"]), "ilp_s": float(t_ilp - t_est),
+               "ilp_lookups": int(sum(plan.lookups for plan in plans)), "ilp_unique": len(keys),
+               "ilp_solved": len(keys & set(solved)), "cache_hits": len(keys & hits)}
+        row["total_s"] = time.perf_counter() - t0
+        rows.append(row)
     avg = float(np.mean([r["throughput"] for r in rows]))
-    return avg, rows
+    return avg, rows, solved
 
 
-def search_trainable(config: dict[str, Any], settings_dict: dict[str, Any], pools: Pools,
-                     out_dir: str, faults: str = "") -> None:
-    """The Tune function trainable (one report per trial). ``faults`` is the driver's
-    ``ARCHPLACE_FAULT_INJECT`` (forwarded, since trial workers do not inherit its environment)."""
+def _indices(config: dict[str, Any], space) -> list[int]:
+    from ..algorithms.search import nearest_index
+
+    if "archs" in config:
+        return [int(i) for i in config["archs"]]
+    return [nearest_index(space, config)]
+
+
+def search_trainable(config: dict[str, Any], settings_dict: dict[str, Any], graphs: dict, cache: dict,
+                     out_dir: str, faults: str = "", timeout_s: float = 1800.0) -> None:
+    """The Tune function trainable. ``graphs`` maps (model, microbatch, TMP width) to an object ref
+    of the graph; ``cache`` is the schedule cache as the search started (key -> [makespan, status]);
+    ``faults`` is the driver's ``ARCHPLACE_FAULT_INJECT`` (trial workers do not inherit its
+    environment)."""
     from ray import tune
 
-    from ..algorithms.search import nearest_index
     from ..hardware.space import enumerate_space
 
     settings = SearchSettings.from_dict(settings_dict)
-    space = enumerate_space(settings.space_path)
-    idx = nearest_index(space, config)
-    acc = space.accelerator(idx)
-    avg, rows = evaluate_architecture(acc, settings, pools, out_dir, faults)
-    here = where_am_i()
+    space = enumerate_space(settings.space)
+    indices = _indices(config, space)
     ctx = tune.get_context()
-    for r in rows:
-        r.update(here)
-        r["trial_id"] = ctx.get_trial_id()
-        r["space_index"] = idx
-        r["finished_at"] = time.time()
-    tune.report({METRIC: avg, "arch_key": rows[0]["arch_key"], "space_index": idx,
-                 "rows_json": json.dumps(rows)})
+    here = {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
+            "pid": os.getpid()}
+    pending: list[tuple[int, float, list[dict[str, Any]]]] = []
+    solved_all: dict[str, list] = {}
+    last = time.monotonic()
+
+    def emit(force: bool) -> None:
+        nonlocal pending, solved_all, last
+        if not pending or not (force or time.monotonic() - last >= REPORT_EVERY_S):
+            return
+        rows = []
+        for i, _, rs in pending:
+            for r in rs:
+                rows.append({**r, **here, "trial_id": ctx.get_trial_id(), "space_index": i})
+        tune.report({METRIC: pending[-1][1], "evaluated": [[i, v] for i, v, _ in pending],
+                     "rows_json": json.dumps(rows), "solved_json": json.dumps(solved_all)})
+        pending, solved_all, last = [], {}, time.monotonic()
+
+    if settings.schedule == "sequential":
+        accs = [space.accelerator(i) for i in indices]
+        for acc in accs:
+            _inject_fault(arch_key(acc), out_dir, faults)
+        keys = settings.graph_keys()
+        ref = sequential_task.remote([a.to_dict() for a in accs], settings_dict, keys,
+                                     *[graphs[k] for k in keys])
+        results = get(ref, f"sequential evaluation of {len(accs)} architecture(s)", timeout_s)
+        for i, res in zip(indices, results):
+            now = time.time()
+            pending.append((i, res["value"], [{**r, "finished_at": now} for r in res["rows"]]))
+        emit(force=True)
+        return
+    for i in indices:
+        acc = space.accelerator(i)
+        _inject_fault(arch_key(acc), out_dir, faults)
+        avg, rows, solved = evaluate_architecture(acc, settings, graphs, cache, timeout_s)
+        now = time.time()
+        pending.append((i, avg, [{**r, "finished_at": now} for r in rows]))
+        solved_all.update(solved)
+        emit(force=False)
+    emit(force=True)

@@ -28,7 +28,14 @@ import numpy as np
 from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from archplace.hardware.space import ARCH_FIELDS, ArchSpace, _values, enumerate_space, load_space_config
+from archplace.hardware.space import (
+    ARCH_FIELDS,
+    ArchSpace,
+    SpaceSpec,
+    _values,
+    enumerate_space,
+    load_space_config,
+)
 
 from .phaze import PhazeGenerator
 
@@ -109,16 +116,45 @@ def reference_fields(space: ArchSpace, index: int = 0) -> dict[str, int | float]
 
 
 class _ArchSearcher(Searcher):
-    """Common part: trial bookkeeping, result parsing, evaluated points, save/restore."""
+    """Common part: trial bookkeeping, result parsing, evaluated points, retries, save/restore.
 
-    def __init__(self, space_path: str | Path | None = None, metric: str | None = None,
-                 mode: str | None = None):
+    Batches: with ``archs_per_trial = N > 1`` a trial gets ``{"archs": [i1, ..., iN]}`` (the next N
+    indices), so sweeps of 10^4+ cheap evaluations do not pay Tune's per-trial overhead 10^4 times.
+    A trial may report several times; every result carries ``evaluated`` (a list of
+    ``[index, value]``) and each index is observed as soon as its value arrives.
+
+    Budget: at most ``budget`` indices are handed out (retries and ``retry_first`` not counted),
+    so a search can run Tune with an open number of trials and still stop at its budget.
+
+    Retries: an index whose trial failed before reporting it is handed out again (first, in a new
+    trial) up to ``max_retries`` times; after that it is observed as 0.0 and listed in
+    ``final_failures[trial_id]`` so the platform records it as failed. Retrying per index rather
+    than per trial (Tune's ``FailureConfig``) means an index a failed batch had already reported is
+    never evaluated twice.
+    """
+
+    def __init__(self, space_path: SpaceSpec = None, metric: str | None = None,
+                 mode: str | None = None, archs_per_trial: int = 1, max_retries: int = 0,
+                 retry_first: list[int] | None = None, budget: int | None = None):
         self._check_mode(mode)
         super().__init__(metric=metric, mode=mode)
-        self.space_path = None if space_path is None else str(space_path)
+        if isinstance(archs_per_trial, bool) or not isinstance(archs_per_trial, int) or archs_per_trial < 1:
+            raise ValueError(f"archs_per_trial must be an integer >= 1, got {archs_per_trial!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+        self.space_path = str(space_path) if isinstance(space_path, (str, Path)) else space_path
         self.space = enumerate_space(self.space_path)
-        self._live: dict[str, int] = {}        # trial id -> suggested index
-        self._results: dict[int, float] = {}   # index -> observed value (failures 0.0)
+        self.archs_per_trial = archs_per_trial
+        self.max_retries = max_retries
+        self._live: dict[str, list[int]] = {}   # trial id -> suggested indices
+        self._reported: dict[str, set[int]] = {}
+        self._results: dict[int, float] = {}    # index -> observed value (failures 0.0)
+        self._attempts: dict[int, int] = {}     # index -> failed attempts so far
+        self._retry: list[int] = [int(i) for i in (retry_first or [])]
+        self.budget = budget          # new indices to hand out (retries not counted); None: no limit
+        self._handed = 0
+        self._inflight: set[int] = set()
+        self.final_failures: dict[str, list[int]] = {}
 
     # --- hooks -------------------------------------------------------------------------------
     def _next_index(self) -> int | None:
@@ -140,25 +176,79 @@ class _ArchSearcher(Searcher):
             self._mode = mode
         return True
 
+    def _config(self, indices: list[int]) -> dict:
+        return {"arch": indices[0]} if self.archs_per_trial == 1 else {"archs": list(indices)}
+
+    def _take(self) -> int | None:
+        while self._retry:
+            i = self._retry.pop(0)
+            if i not in self._results and i not in self._inflight:
+                return i
+        if self.budget is not None and self._handed >= self.budget:
+            return None
+        while True:
+            i = self._next_index()
+            if i is None:
+                return None
+            if i in self._inflight or i in self._results:
+                continue   # a retried index the walk reaches again
+            self._handed += 1
+            return i
+
     def suggest(self, trial_id: str) -> dict | str | None:
         if not self._metric or not self._mode:
             raise RuntimeError(f"{type(self).__name__}: metric and mode are not set (metric="
                                f"{self._metric!r}, mode={self._mode!r}); set them in TuneConfig (with a "
                                f"non-empty param_space) or call set_search_properties")
         if trial_id in self._live:
-            return {"arch": self._live[trial_id]}
-        i = self._next_index()
-        if i is None:
-            return Searcher.FINISHED
-        self._live[trial_id] = i
-        return {"arch": i}
+            return self._config(self._live[trial_id])
+        batch: list[int] = []
+        while len(batch) < self.archs_per_trial:
+            i = self._take()
+            if i is None:
+                break
+            batch.append(i)
+        if not batch:
+            # with retries, a live trial that fails hands its indices out again: not finished yet
+            return None if self._live and self.max_retries else Searcher.FINISHED
+        self._live[trial_id] = batch
+        self._inflight.update(batch)
+        self._reported[trial_id] = set()
+        return self._config(batch)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        for i, v in self._pairs(trial_id, result):
+            self._reported.setdefault(trial_id, set()).add(i)
+            self._record(i, self._finite(v))
+
+    def _pairs(self, trial_id: str, result: dict | None) -> list[tuple[int, Any]]:
+        if not result:
+            return []
+        if "evaluated" in result:
+            return [(int(i), v) for i, v in result["evaluated"]]
+        live = self._live.get(trial_id)
+        if live and len(live) == 1:
+            return [(live[0], self._value(trial_id, result, False))]
+        return []
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        i = self._live.pop(trial_id, None)
-        if i is None:
+        if trial_id not in self._live:
             logger.warning("%s: completion of unknown trial %s ignored", type(self).__name__, trial_id)
             return
-        self._record(i, self._value(trial_id, result, error))
+        if not error:
+            self.on_trial_result(trial_id, result or {})
+        batch = self._live.pop(trial_id)
+        done = self._reported.pop(trial_id, set())
+        self._inflight.difference_update(batch)
+        for i in batch:
+            if i in done or i in self._results:
+                continue
+            self._attempts[i] = self._attempts.get(i, 0) + 1
+            if error and self._attempts[i] <= self.max_retries:
+                self._retry.append(i)   # handed out again, before any new index
+            else:
+                self.final_failures.setdefault(trial_id, []).append(i)
+                self._record(i, 0.0)
 
     def add_evaluated_point(self, parameters: dict, value: float | None, error: bool = False,
                             pruned: bool = False, intermediate_values: list[float] | None = None) -> None:
@@ -234,9 +324,10 @@ class PhazeSearcher(_ArchSearcher):
     suggested (see ``archplace.algorithms.search.phaze`` for the rule). Maximises the metric only.
     """
 
-    def __init__(self, space_path: str | Path | None = None, hysteresis: int = 6,
-                 area_bucket_mm2: float = 0.01, metric: str | None = None, mode: str | None = None):
-        super().__init__(space_path, metric, mode)
+    def __init__(self, space_path: SpaceSpec = None, hysteresis: int = 6,
+                 area_bucket_mm2: float = 0.01, metric: str | None = None, mode: str | None = None,
+                 **batching: Any):
+        super().__init__(space_path, metric, mode, **batching)
         self.generator = PhazeGenerator(self.space.area_mm2, hysteresis, area_bucket_mm2)
 
     def _check_mode(self, mode: str | None) -> None:
@@ -261,9 +352,9 @@ class _OrderedSearcher(_ArchSearcher):
     def _make_order(self) -> np.ndarray:
         raise NotImplementedError
 
-    def __init__(self, space_path: str | Path | None = None, metric: str | None = None,
-                 mode: str | None = None):
-        super().__init__(space_path, metric, mode)
+    def __init__(self, space_path: SpaceSpec = None, metric: str | None = None,
+                 mode: str | None = None, **batching: Any):
+        super().__init__(space_path, metric, mode, **batching)
         self.order = self._make_order()
         self._cursor = 0
 
@@ -280,10 +371,10 @@ class _OrderedSearcher(_ArchSearcher):
 class RandomSearcher(_OrderedSearcher):
     """Uniform random sampling of the feasible architectures without replacement (index 0 first)."""
 
-    def __init__(self, space_path: str | Path | None = None, seed: int = 0, metric: str | None = None,
-                 mode: str | None = None):
+    def __init__(self, space_path: SpaceSpec = None, seed: int = 0, metric: str | None = None,
+                 mode: str | None = None, **batching: Any):
         self.seed = seed
-        super().__init__(space_path, metric, mode)
+        super().__init__(space_path, metric, mode, **batching)
 
     def _make_order(self) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
@@ -304,7 +395,7 @@ class GridSearcher(_OrderedSearcher):
 # Optuna
 
 
-def optuna_space(space_path: str | Path | None = None) -> dict[str, Any]:
+def optuna_space(space_path: SpaceSpec = None) -> dict[str, Any]:
     """Categorical Optuna distributions over the YAML axis values of the five fields."""
     from optuna.distributions import CategoricalDistribution
 
@@ -365,24 +456,33 @@ class ArchOptunaSearch(OptunaSearch):
 # ------------------------------------------------------------------------------------------------
 
 
-def make_searcher(name: str, space_path: str | Path | None = None, seed: int = 0, hysteresis: int = 6,
-                  area_bucket_mm2: float = 0.01, max_concurrent: int = 1) -> Searcher:
+def make_searcher(name: str, space_path: SpaceSpec = None, seed: int = 0, hysteresis: int = 6,
+                  area_bucket_mm2: float = 0.01, max_concurrent: int = 1, archs_per_trial: int = 1,
+                  max_retries: int = 0, retry_first: list[int] | None = None,
+                  budget: int | None = None) -> Searcher:
     """A Tune searcher by name: ``phaze``, ``optuna``, ``random`` or ``grid``.
 
-    Metric and mode are left for ``TuneConfig``. Optuna (TPE, seeded) is wrapped in a
-    ``ConcurrencyLimiter`` when ``max_concurrent > 1``; the others rely on Tune's
-    ``max_concurrent_trials``.
+    Metric and mode are left for ``TuneConfig``. Optuna (TPE, seeded) suggests one architecture per
+    trial (``archs_per_trial`` must be 1; Tune's own ``FailureConfig`` retries its trials) and is
+    wrapped in a ``ConcurrencyLimiter`` when ``max_concurrent > 1``; the index searchers batch
+    ``archs_per_trial`` indices per trial and retry failed indices themselves (``max_retries``),
+    ``retry_first`` before anything new; their concurrency is left to the platform's limiter.
     """
     if name not in SEARCHERS:
         raise ValueError(f"searcher {name!r} unknown; allowed: {list(SEARCHERS)}")
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
         raise ValueError(f"max_concurrent must be an integer >= 1, got {max_concurrent!r}")
+    batching = {"archs_per_trial": archs_per_trial, "max_retries": max_retries, "retry_first": retry_first,
+                "budget": budget}
     if name == "phaze":
-        return PhazeSearcher(space_path, hysteresis=hysteresis, area_bucket_mm2=area_bucket_mm2)
+        return PhazeSearcher(space_path, hysteresis=hysteresis, area_bucket_mm2=area_bucket_mm2, **batching)
     if name == "random":
-        return RandomSearcher(space_path, seed=seed)
+        return RandomSearcher(space_path, seed=seed, **batching)
     if name == "grid":
-        return GridSearcher(space_path)
+        return GridSearcher(space_path, **batching)
+    if archs_per_trial != 1:
+        raise ValueError(f"--archs-per-trial {archs_per_trial}: the optuna searcher suggests one "
+                         "architecture per trial; use phaze, random or grid for batched trials")
     import optuna
 
     ref = reference_fields(enumerate_space(space_path))

@@ -1,0 +1,69 @@
+"""The search's content-keyed schedule cache on disk: ``OUT/schedule_cache.jsonl``.
+
+A layer slice's ILP is keyed by ``schedule_cache_key`` (op kinds, latencies, edges, core counts,
+solver settings), so a key names its answer whatever architecture or search asked for it. The
+driver appends every slice a trial solved (one JSON line per slice, O(1) per trial) and loads the
+file when a search starts, so ``--resume``, ``--retry-failed`` and a repeated search pointed at the
+same file (``--schedule-cache``) reuse solved slices instead of solving them again.
+
+Across *different* architectures of one search the keys almost never repeat (they hold the
+architecture's latencies), which is why this replaced the central cache actor that every solve
+used to consult: it answered nearly nothing and sat on every solve's path. The first line is a
+header with the code versions that produced the makespans; a file from other versions is set
+aside (renamed ``*.stale``), not trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+FORMAT = 1
+
+
+def code_versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {"format": str(FORMAT), "archplace": version("archplace"), "ortools": version("ortools")}
+
+
+class ScheduleCacheFile:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.note = ""
+
+    def load(self) -> dict[str, list]:
+        """key -> [makespan_s, status] from the file (empty when missing or from other versions)."""
+        if not self.path.exists():
+            return {}
+        out: dict[str, list] = {}
+        with open(self.path) as fh:
+            header = fh.readline()
+            try:
+                ok = json.loads(header).get("versions") == code_versions()
+            except ValueError:
+                ok = False
+            if not ok:
+                stale = self.path.with_suffix(".jsonl.stale")
+                fh.close()
+                os.replace(self.path, stale)
+                self.note = f"{self.path.name} came from other code versions; set aside as {stale.name}"
+                return {}
+            for line in fh:
+                try:
+                    k, makespan, status = json.loads(line)
+                except ValueError:
+                    continue   # a line cut short by a crash
+                out[k] = [float(makespan), status]
+        return out
+
+    def append(self, entries: dict[str, list]) -> None:
+        if not entries:
+            return
+        new = not self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            if new:
+                fh.write(json.dumps({"versions": code_versions()}) + "\n")
+            fh.write("".join(json.dumps([k, v[0], v[1]]) + "\n" for k, v in entries.items()))
