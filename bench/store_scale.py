@@ -26,28 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _meta import command, git_state, machine
+
 MODELS = ("bert-large", "gpt2-xl")
 WINDOW = 100
 ERROR = "RayTaskError(RuntimeError): CP-SAT worker crashed in layer slice 17"
-
-
-def _git() -> dict:
-    def run(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
-                                  text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
 
 
 def trial_rows(i: int, rnd: random.Random) -> list[dict]:
@@ -164,10 +154,8 @@ def main() -> int:
                   f"{t['under_20_ms']}; {t['ratio_to_trial_100']:.2f}x trial 100 (<= 2x): "
                   f"{t['ratio_at_most_2']}")
 
-    out = {"bench": "store_scale", "git": _git(), "command": [sys.executable, *sys.argv],
-           "machine": {"cpu_count": os.cpu_count(), "loadavg_before": load_before,
-                       "loadavg_after": load_after, "python": sys.version.split()[0],
-                       "platform": platform.platform()},
+    out = {"bench": "store_scale", "git": git_state(), "command": command(),
+           "machine": {**machine(load_before), "loadavg_after": load_after},
            "window": WINDOW, "models": list(MODELS), "runs": runs, "targets": targets}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))

@@ -86,6 +86,7 @@ def test_two_node_cluster_runs_tasks_on_both_nodes(tmp_path):
 def test_search_job_on_two_node_cluster(tmp_path):
     out = tmp_path / "search-out"
     args = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--budget", "4", "--workers", "2",
+            "--searcher", "grid",  # phaze would keep 1 in flight at budget 4 (its pruning cap)
             "--microbatches", "1", "--hbm", "32", "--ilp-time-limit", "5", "--out", str(out)]
     entrypoint = (f"cd {shlex.quote(str(REPO_ROOT))} && {shlex.quote(sys.executable)} deploy/search_job.py "
                   + " ".join(shlex.quote(a) for a in args))

@@ -438,3 +438,50 @@ def test_optuna_suggests_the_five_fields_starting_at_tpuv4():
     assert lim.suggest("a") == TPUV4
     assert set(lim.suggest("b")) == set(ARCH_FIELDS)
     assert lim.suggest("c") is None  # two live trials
+
+
+# --- batches, retries, budget, space by content ------------------------------------------------------
+
+def test_batched_trials_report_every_index_and_retry_only_the_unreported():
+    s = ready(GridSearcher(archs_per_trial=3, max_retries=1, budget=6))
+    a, b = s.suggest("a"), s.suggest("b")
+    assert a == {"archs": [0, *s.order[1:3].tolist()]} and len(b["archs"]) == 3
+    assert s.suggest("c") is None            # budget spent, trials live and retries possible: wait
+    s.on_trial_result("a", {M: 2.0, "evaluated": [[a["archs"][0], 1.0], [a["archs"][1], 2.0]]})
+    s.on_trial_complete("a", error=True)     # the third index of "a" was never reported
+    assert s.suggest("d") == {"archs": [a["archs"][2]]}   # handed out again, alone, before anything new
+    s.on_trial_complete("d", error=True)     # second failure: max_retries=1 exhausted
+    assert s.final_failures == {"d": [a["archs"][2]]}
+    assert s.results == {a["archs"][0]: 1.0, a["archs"][1]: 2.0, a["archs"][2]: 0.0}
+    s.on_trial_complete("b", {M: 3.0, "evaluated": [[i, 3.0] for i in b["archs"]]})
+    assert s.suggest("e") == Searcher.FINISHED
+    assert len(s.results) == 6
+
+
+def test_retry_first_and_no_double_handout_in_phaze_order():
+    s = ready(PhazeSearcher(retry_first=[1], budget=2, max_retries=1))
+    s.add_evaluated_point({"arch": 0}, 5.0)
+    # the failed index 1 comes first; the Phaze walk then skips it (in flight) instead of repeating it
+    assert [s.suggest(t)["arch"] for t in ("x", "y", "z")] == [1, 2, 3]
+    assert s.suggest("w") is None
+
+
+def test_space_given_by_content_equals_the_file(tmp_path):
+    from archplace.hardware.space import load_space_config
+
+    yml = tmp_path / "s.yaml"
+    yml.write_text("architecture:\n  num_tc: [1, 2]\n  num_vc: [2]\n  pe_x: [8, 16]\n  pe_y: [8]\n"
+                   "  glb_mb: [4]\n")
+    by_path, by_content = enumerate_space(yml), enumerate_space(load_space_config(yml))
+    assert np.array_equal(by_path.area_mm2, by_content.area_mm2) and len(by_content) == len(by_path)
+    assert GridSearcher(load_space_config(yml)).order.tolist() == GridSearcher(yml).order.tolist()
+
+
+def test_pruning_cap_keeps_phaze_from_handing_out_its_budget():
+    from archplace.platform.limiter import pruning_cap
+
+    assert pruning_cap("phaze", budget=16, hysteresis=6, archs_per_trial=1) == 4
+    assert pruning_cap("phaze", budget=1000, hysteresis=6, archs_per_trial=1) == 6
+    assert pruning_cap("phaze", budget=3, hysteresis=6, archs_per_trial=1) == 1
+    assert pruning_cap("phaze", budget=1000, hysteresis=6, archs_per_trial=4) == 1
+    assert pruning_cap("grid", budget=16, hysteresis=6, archs_per_trial=1) is None

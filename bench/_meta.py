@@ -1,0 +1,29 @@
+"""What every bench JSON records about how it was made: the commit (and whether the tree had
+uncommitted changes), the exact command, and the machine with its load before and after."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+
+def git_state() -> dict:
+    def run(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
+                                  text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
+
+
+def machine(load_before: tuple[float, float, float]) -> dict:
+    return {"cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "python": sys.version.split()[0], "platform": platform.platform()}
+
+
+def command() -> list[str]:
+    return [sys.executable, *sys.argv]
