@@ -37,7 +37,7 @@ def in_process(settings, budget: int) -> dict:
     from archplace.hardware.space import enumerate_space
 
     clear_schedule_cache()
-    space = enumerate_space(settings.space_path)
+    space = enumerate_space(settings.space)
     t0 = time.perf_counter()
     tps = {}
     for i in range(budget):

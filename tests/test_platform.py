@@ -265,20 +265,27 @@ def _rows_any(out: Path) -> list[dict]:
     return s.table().to_pylist()
 
 
-def test_embedded_ray_listens_on_loopback_only():
-    code = ("from archplace.platform.search import connect; connect(None, num_cpus=1); "
-            "import ray, psutil, json; "
+def test_embedded_ray_listens_on_loopback_only_and_runs_on_one_cpu(tmp_path):
+    """The embedded Ray binds 127.0.0.1 only, and a search completes on a 1-CPU Ray (trials reserve
+    no CPU, so the tasks' CPU is never short by a trial's fraction)."""
+    code = ("import json, psutil, ray; from archplace.platform.search import connect, run_search; "
+            "from archplace.platform.trial import SearchSettings; connect(None, num_cpus=1); "
             "print(ray.get_runtime_context().gcs_address); "
             "print(json.dumps(sorted({c.laddr.ip for p in psutil.Process().children(recursive=True) "
-            "for c in p.net_connections('tcp') if c.status == 'LISTEN'}))); ray.shutdown()")
+            "for c in p.net_connections('tcp') if c.status == 'LISTEN'}))); "
+            "s = SearchSettings(models=('bert-base',), num_devices=64, global_batch=256, microbatches=(1,), "
+            "hbm_gb=(32,), schedule='sequential'); "
+            f"r = run_search(s, {str(tmp_path / 'one')!r}, searcher='grid', budget=2, progress=False, "
+            "report=False, wait_timeout_s=60, task_timeout_s=120); print(r['evaluated']); ray.shutdown()")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    gcs, ips = out.stdout.strip().splitlines()[-2:]
+    gcs, ips, evaluated = out.stdout.strip().splitlines()[-3:]
     assert gcs.startswith("127.0.0.1:"), out.stdout
     ips = json.loads(ips)
     assert ips and set(ips) <= {"127.0.0.1", "::ffff:127.0.0.1"}, ips
+    assert evaluated == "2"
 
 
 @pytest.mark.parametrize("args, message", [

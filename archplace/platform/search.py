@@ -1,9 +1,13 @@
 """``archplace search``: the architecture × placement co-search as a Ray Tune experiment.
 
-The driver connects to Ray (embedded local instance, or ``--address`` to attach to a cluster),
-starts the actor pools, runs one Tune trial per architecture with the chosen searcher, and streams
-every finished trial into the result store (``evaluations.parquet``, ``best.json``). ``--resume``
-reloads the store, feeds the finished evaluations to the searcher and only evaluates the rest.
+The driver locks ``--out``, connects to Ray (an embedded instance on 127.0.0.1, or ``--address`` to
+attach to a cluster), waits for a CPU, traces the model graphs once (Ray tasks whose results the
+trials share), and runs Tune trials of one or more architectures with the chosen searcher behind an
+in-flight limit that follows the cluster (``limiter.py``). Every reported architecture streams into
+the append-only result store and every solved slice into the schedule cache file; at the end the
+store is compacted into ``evaluations.parquet``. ``--resume`` reloads the store, feeds the finished
+evaluations to the searcher and only evaluates the rest (``--retry-failed``: the failed ones too).
+Everything Ray runs for the search is owned by this driver, so nothing outlives it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from .lock import OutDirLock
 from .store import ResultStore
 from .trial import FAULT_ENV, METRIC, SCHEDULES, SearchSettings
 
-TRIAL_CPUS = 0.01   # a trial only submits tasks and waits; the tasks take the CPUs
+# A trial only submits tasks and waits, so it reserves memory (its process) and no CPU: the tasks take
+# whole CPUs, and even 0.01 CPU per trial would leave a node 0.99 CPU short of its last task (on a
+# 1-CPU cluster, of every task). Tune needs a non-empty bundle, hence memory rather than nothing.
+TRIAL_RESOURCES = {"memory": 256 * 2**20}
 
 SEARCHERS = ("phaze", "optuna", "random", "grid")
 
@@ -327,7 +334,7 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                                  out_dir=str(out), faults=os.environ.get(FAULT_ENV, ""),
                                  timeout_s=task_timeout_s),
             # SPREAD: on a cluster, successive trials go to the least-loaded node
-            tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}], strategy="SPREAD"))
+            tune.PlacementGroupFactory([TRIAL_RESOURCES], strategy="SPREAD"))
         tuner = tune.Tuner(
             trainable, param_space={"searcher": searcher},  # non-empty, so Tune passes metric/mode on
             tune_config=tune.TuneConfig(search_alg=limiter, metric=METRIC, mode="max",
