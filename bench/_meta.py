@@ -17,7 +17,9 @@ def git_state() -> dict:
                                   text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
+    changed = [ln[3:] for ln in run("status", "--porcelain").splitlines() if ln.strip()]
+    # the files that differ from the commit, so a reader can see whether they touch what was measured
+    return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(changed), "dirty_files": changed}
 
 
 def machine(load_before: tuple[float, float, float]) -> dict:
