@@ -128,11 +128,18 @@ def _enumerate(cfg: dict[str, Any]) -> ArchSpace:
     area = area_mm2(tc, vc, px, py, glb)
     ref_name = cons.get("area_max_preset", "tpuv4")
     ref = preset_accelerator(ref_name)
-    amax = accelerator_area_mm2(ref)
+    amax = amax_ref = accelerator_area_mm2(ref)
+    # an explicit area budget (a study's constraint) caps the space; the lower bound stays relative to
+    # the preset, so the budget only removes architectures and never adds small ones
+    if cons.get("area_max_mm2") is not None:
+        amax_given = cons["area_max_mm2"]
+        if isinstance(amax_given, bool) or not isinstance(amax_given, (int, float)) or not amax_given > 0:
+            raise ValueError(f"constraints.area_max_mm2 must be a positive number, got {amax_given!r}")
+        amax = float(amax_given)
     frac = float(cons.get("area_min_fraction", 0.0))
     if not 0.0 <= frac <= 1.0:
         raise ValueError(f"constraints.area_min_fraction must be in [0, 1], got {frac}")
-    lower = frac * amax
+    lower = frac * amax_ref
     exempt = ((tc == 1) | (vc == 1) if cons.get("area_min_exempt_single_core", False)
               else np.zeros_like(tc, bool))
     ok = (area <= amax * (1 + 1e-12)) & ((area >= lower) | exempt)

@@ -216,6 +216,18 @@ class _ArchSearcher(Searcher):
         self._reported[trial_id] = set()
         return self._config(batch)
 
+    def mark_suggested(self, trial_id: str, indices: list[int]) -> None:
+        """Record a trial that was suggested elsewhere (another service replica, or this searcher's
+        earlier life before a restart) so its indices are never handed out again; its completion
+        then arrives through ``on_trial_complete`` as for a trial this searcher suggested."""
+        batch = [_check_arch(self.space, i) for i in indices]
+        if trial_id in self._live:
+            return
+        self._live[trial_id] = batch
+        self._inflight.update(batch)
+        self._reported[trial_id] = set()
+        self._handed += len(batch)
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         for i, v in self._pairs(trial_id, result):
             self._reported.setdefault(trial_id, set()).add(i)

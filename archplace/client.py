@@ -1,0 +1,219 @@
+"""Python client of the archplace service (``archplace serve``).
+
+    from archplace.client import Client
+
+    c = Client("http://127.0.0.1:8000", token)
+    study = c.create_study(name="bert", models=["bert-large"])
+    for trial in c.suggest(study["name"], count=2, client_id="worker-0"):
+        c.complete(study["name"], trial["number"], value=my_measurement(trial["params"]))
+    print(c.best(study["name"]))
+
+Every call is idempotent, and is retried on connection errors, on 502/503/504 (honouring Retry-After)
+and on a 500 that Ray Serve's proxy wrote because a replica died under the request: a suggest with the
+same ``client_id`` returns the same pending trials, a repeated completion with the same measurement is
+accepted, and a repeated create of an identical study returns it. So a client that outlives a service
+restart or a killed replica loses nothing. Errors are raised as ``ServiceError`` carrying the HTTP status
+and the service's one-line message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import requests
+
+RETRY_STATUS = (502, 503, 504)
+
+
+def _proxy_error(r: requests.Response) -> bool:
+    """A 500 that Ray Serve's proxy wrote (a replica died under the request), not the app: the app's
+    own errors are always JSON with an "error" object. Safe to retry, as every call is idempotent."""
+    if r.status_code != 500:
+        return False
+    try:
+        body = r.json()
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and isinstance(body.get("error"), dict))
+
+
+class ServiceError(Exception):
+    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.body = status, message, body or {}
+
+
+class Client:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 8,
+        backoff_s: float = 0.25,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    # ------------------------------------------------------------------ transport
+    def request(
+        self, method: str, path: str, json: Any = None, params: dict | None = None, retry: bool = True
+    ) -> Any:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1 if retry else 1):
+            try:
+                r = self.session.request(
+                    method, self.url + path, json=json, params=params, timeout=self.timeout_s
+                )
+            except requests.ConnectionError:
+                if not retry or attempt == self.retries:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if retry and attempt < self.retries and (r.status_code in RETRY_STATUS or _proxy_error(r)):
+                wait = r.headers.get("Retry-After")
+                time.sleep(float(wait) if wait and wait.isdigit() else delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if r.status_code == 204:
+                return None
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"error": {"message": r.text[:500]}}
+            if r.status_code >= 400:
+                err = body.get("error", {}) if isinstance(body, dict) else {}
+                raise ServiceError(r.status_code, err.get("message", r.reason), body)
+            return body
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ studies
+    def create_study(self, name: str, models: list[str], **config: Any) -> dict[str, Any]:
+        """Create (or, if identical, get) a study. ``config``: searcher, objectives, space,
+        max_area_mm2, max_trials, seed, hysteresis, area_bucket_mm2, accelerators, global_batch."""
+        return self.request("POST", "/v1/studies", {"name": name, "models": list(models), **config})
+
+    def get_study(self, study: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/studies/{study}")
+
+    def list_studies(self) -> list[dict[str, Any]]:
+        return self._all("/v1/studies", "studies")
+
+    def delete_study(self, study: str) -> None:
+        self.request("DELETE", f"/v1/studies/{study}")
+
+    def suggest(self, study: str, count: int = 1, client_id: str = "default") -> list[dict[str, Any]]:
+        """Trials to evaluate; the same ``client_id`` gets its pending trials again. An empty list
+        means the study suggests nothing more (see ``suggest_response`` for the reason)."""
+        return self.suggest_response(study, count, client_id)["trials"]
+
+    def suggest_response(self, study: str, count: int = 1, client_id: str = "default") -> dict[str, Any]:
+        return self.request(
+            "POST", f"/v1/studies/{study}/trials:suggest", {"count": count, "client_id": client_id}
+        )
+
+    def complete(
+        self,
+        study: str,
+        trial: int,
+        value: float | None = None,
+        *,
+        values: dict[str, float] | None = None,
+        infeasible: bool = False,
+        failed: bool = False,
+        abandoned: bool = False,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Report a measurement (``value`` of the first objective, or ``values`` of all), or that the
+        trial was infeasible (with ``reason``), failed or abandoned."""
+        flags = [
+            s for s, f in (("INFEASIBLE", infeasible), ("FAILED", failed), ("ABANDONED", abandoned)) if f
+        ]
+        if len(flags) > 1:
+            raise ValueError("give at most one of infeasible, failed, abandoned")
+        body: dict[str, Any] = {"state": flags[0] if flags else "COMPLETED"}
+        if value is not None:
+            body["value"] = value
+        if values is not None:
+            body["values"] = values
+        if reason is not None:
+            body["reason"] = reason
+        return self.request("POST", f"/v1/studies/{study}/trials/{int(trial)}:complete", body)
+
+    def trials(self, study: str, state: str | None = None) -> list[dict[str, Any]]:
+        return self._all(f"/v1/studies/{study}/trials", "trials", {"state": state} if state else None)
+
+    def trial(self, study: str, trial: int) -> dict[str, Any]:
+        return self.request("GET", f"/v1/studies/{study}/trials/{int(trial)}")
+
+    def best(self, study: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/studies/{study}/best")
+
+    def pareto(self, study: str) -> list[dict[str, Any]]:
+        return self.request("GET", f"/v1/studies/{study}/pareto")["trials"]
+
+    # ------------------------------------------------------------------ operations
+    def evaluate(
+        self,
+        model: str,
+        arch: str | dict = "tpuv4",
+        wait: bool = True,
+        timeout_s: float = 3600,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Placement and throughput of ``model`` on ``arch`` (a preset name or the six architecture
+        fields): the finished operation when ``wait``, else the operation to poll."""
+        return self._operation("/v1/evaluations", {"model": model, "arch": arch, **options}, wait, timeout_s)
+
+    def partition(
+        self, model: str, wait: bool = True, timeout_s: float = 3600, **options: Any
+    ) -> dict[str, Any]:
+        return self._operation("/v1/partitions", {"model": model, **options}, wait, timeout_s)
+
+    def pipeline(
+        self, model: str, wait: bool = True, timeout_s: float = 3600, **options: Any
+    ) -> dict[str, Any]:
+        return self._operation("/v1/pipelines", {"model": model, **options}, wait, timeout_s)
+
+    def operation(self, op_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/operations/{op_id}")
+
+    def cancel(self, op_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/operations/{op_id}:cancel")
+
+    def wait(self, op_id: str, timeout_s: float = 3600, poll_s: float = 0.2) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            op = self.operation(op_id)
+            if op["done"]:
+                return op
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"operation {op_id} not done after {timeout_s:.0f} s (state {op['state']})"
+                )
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 2.0)
+
+    def _operation(self, path: str, body: dict[str, Any], wait: bool, timeout_s: float) -> dict[str, Any]:
+        op = self.request("POST", path, body)
+        return self.wait(op["id"], timeout_s) if wait and not op["done"] else op
+
+    def _all(self, path: str, key: str, params: dict | None = None) -> list[dict[str, Any]]:
+        out, token = [], None
+        while True:
+            page = self.request(
+                "GET",
+                path,
+                params={**(params or {}), "page_size": 1000, **({"page_token": token} if token else {})},
+            )
+            out += page[key]
+            token = page.get("next_page_token")
+            if not token:
+                return out

@@ -1,0 +1,118 @@
+"""``archplace serve``: run the service, and manage its tokens.
+
+archplace serve [--host 127.0.0.1] [--port 8000] [--db PATH|URL] [--address ADDR] [--auth token|none]
+archplace serve token create OWNER [--db ...]     # prints the new token as its last line
+archplace serve token revoke OWNER [--db ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def default_db() -> str:
+    return str(Path(os.environ.get("ARCHPLACE_DATA_DIR", "~/.archplace")).expanduser() / "service.db")
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("serve", help="run the study / evaluation service on Ray Serve (HTTP, /v1)")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another one needs --auth token and a token)",
+    )
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--db",
+        default=None,
+        help="SQLite file or SQLAlchemy URL (default $ARCHPLACE_DATA_DIR/"
+        "service.db, ~/.archplace/service.db)",
+    )
+    s.add_argument("--address", default=None, help="Ray cluster to attach to (default: an embedded Ray)")
+    s.add_argument(
+        "--auth",
+        choices=("token", "none"),
+        default="token",
+        help="bearer tokens per owner (default), or none (127.0.0.1 only)",
+    )
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--max-ongoing-requests", type=int, default=32)
+    s.add_argument("--max-queued-requests", type=int, default=256)
+    s.add_argument("--json", action="store_true", help="print one JSON line once the service is up")
+    tsub = s.add_subparsers(dest="serve_command")
+    tok = tsub.add_parser("token", help="create or revoke an owner's bearer tokens")
+    tok.add_argument("action", choices=("create", "revoke"))
+    tok.add_argument("owner")
+    tok.add_argument("--db", dest="token_db", default=None)
+
+
+def run(args) -> int:
+    """Returns the exit status; errors are one line on stderr, as everywhere in the CLI."""
+    from .auth import create_token, revoke_tokens
+    from .db import make_engine
+
+    if args.serve_command == "token":
+        engine = make_engine(args.token_db or args.db or default_db())
+        if args.action == "create":
+            token = create_token(engine, args.owner)
+            print(f"token for owner {args.owner!r} (shown once; only its hash is stored):")
+            print(token)
+        else:
+            n = revoke_tokens(engine, args.owner)
+            print(f"revoked {n} token(s) of owner {args.owner!r}")
+        return 0
+    return serve_forever(args)
+
+
+def serve_forever(args) -> int:
+    import json
+
+    from ray import serve
+
+    from ..platform.search import connect
+    from .deployment import ServeConfig, check_config, port_free, start
+
+    cfg = ServeConfig(
+        db=args.db or default_db(),
+        host=args.host,
+        port=args.port,
+        auth=args.auth,
+        replicas=args.replicas,
+        max_ongoing_requests=args.max_ongoing_requests,
+        max_queued_requests=args.max_queued_requests,
+    )
+    check_config(cfg)
+    if not port_free(cfg.host, cfg.port):
+        raise ValueError(f"--port {cfg.port} on {cfg.host} is in use")
+    connect(args.address)
+    url = start(cfg)
+    info = {"url": url, "docs": f"{url}/docs", "db": cfg.db, "auth": cfg.auth}
+    if args.json:
+        print(json.dumps(info), flush=True)
+    else:
+        print(
+            f"archplace service on {url} (OpenAPI: {url}/docs), database {cfg.db}, auth {cfg.auth}",
+            flush=True,
+        )
+        if cfg.auth == "token":
+            print(
+                "requests need 'Authorization: Bearer TOKEN' (archplace serve token create OWNER)", flush=True
+            )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    print("shutting down", file=sys.stderr, flush=True)
+    serve.shutdown()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="archplace")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    return p

@@ -1,0 +1,176 @@
+"""The service's tables and engine (SQLAlchemy Core): owners' tokens, studies, trials, long-running
+operations and the evaluation cache.
+
+SQLite in WAL mode under a data directory is the embedded default; any SQLAlchemy URL (PostgreSQL for
+a shared deployment) works too. The database is the single source of truth: a service replica keeps
+nothing that a restart could lose, only caches rebuilt from these rows.
+
+One writer per study: every mutation of a study runs in ``write_tx``, which on SQLite takes the
+database's write lock at the start of the transaction (``BEGIN IMMEDIATE``), and on other databases
+locks the study's row (``SELECT ... FOR UPDATE``, see ``lock_study``). Besides, a unique index on
+(study, architecture) makes a double suggestion impossible even if that discipline were broken.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+metadata = sa.MetaData()
+
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),  # never the token itself
+    sa.Column("prefix", sa.String(16), nullable=False),  # shown in listings to tell tokens apart
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("revoked", sa.Boolean, nullable=False, default=False),
+)
+
+studies = sa.Table(
+    "studies",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("config_json", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    # bumped by every trial creation and completion: a replica's searcher replays what came after
+    # the sequence number it last saw
+    sa.Column("seq", sa.Integer, nullable=False, default=0),
+    sa.Column("trial_count", sa.Integer, nullable=False, default=0),
+    sa.UniqueConstraint("owner", "name", name="uq_study_owner_name"),
+)
+
+trials = sa.Table(
+    "trials",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("study_id", sa.Integer, sa.ForeignKey("studies.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("arch_index", sa.Integer, nullable=False),
+    sa.Column("params_json", sa.Text, nullable=False),
+    sa.Column("client_id", sa.String(128), nullable=False),
+    # PENDING, COMPLETED, INFEASIBLE, FAILED, ABANDONED
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("value", sa.Float, nullable=True),  # the primary objective; NULL unless COMPLETED
+    sa.Column("values_json", sa.Text, nullable=True),  # every objective, when COMPLETED
+    sa.Column("reason", sa.Text, nullable=True),  # why INFEASIBLE / FAILED / ABANDONED
+    sa.Column("created_seq", sa.Integer, nullable=False),
+    sa.Column("completed_seq", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("completed_at", sa.Float, nullable=True),
+    sa.UniqueConstraint("study_id", "number", name="uq_trial_number"),
+    sa.UniqueConstraint("study_id", "arch_index", name="uq_trial_arch"),  # no architecture twice
+    sa.Index("ix_trials_client", "study_id", "client_id", "state"),
+    sa.Index("ix_trials_completed_seq", "study_id", "completed_seq"),
+)
+
+operations = sa.Table(
+    "operations",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # evaluate, partition, pipeline
+    sa.Column("request_json", sa.Text, nullable=False),
+    sa.Column("cache_key", sa.String(64), nullable=False, index=True),
+    # PENDING, RUNNING, DONE, FAILED, CANCELLED
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("result_json", sa.Text, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("cached", sa.Boolean, nullable=False, default=False),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("runner", sa.String(64), nullable=True),  # the replica running it
+    sa.Column("lease_expires_at", sa.Float, nullable=True),  # another replica adopts it after this
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+results_cache = sa.Table(
+    "results_cache",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),  # sha256 of kind, request and code version
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("result_json", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+
+def database_url(db: str | Path) -> str:
+    """A SQLAlchemy URL from ``--db``: a URL as is, anything else a SQLite file path."""
+    text = str(db)
+    if "://" in text:
+        return text
+    path = Path(text).expanduser().resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def make_engine(db: str | Path) -> sa.Engine:
+    """The engine with the schema created. SQLite gets WAL (readers never block the writer), a
+    5 s busy timeout and ``BEGIN IMMEDIATE`` transactions (see the module docstring)."""
+    url = database_url(db)
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=8, max_overflow=32
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record) -> None:
+            dbapi_conn.isolation_level = None  # SQLAlchemy issues BEGIN below, not the driver
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
+    else:
+        engine = sa.create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=32)
+    for attempt in range(5):  # replicas starting together may race to create the schema
+        try:
+            metadata.create_all(engine)
+            break
+        except sa.exc.OperationalError:
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    return engine
+
+
+@contextmanager
+def write_tx(engine: sa.Engine):
+    """A transaction that may write: on SQLite it holds the write lock from its first statement, so
+    a read-then-write (suggest, complete) cannot interleave with another writer."""
+    with engine.connect() as conn:
+        conn.info["write"] = True
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            conn.info.pop("write", None)
+
+
+@contextmanager
+def read_tx(engine: sa.Engine):
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+def lock_study(conn: sa.Connection, owner: str, name: str):
+    """The study's row, locked for this transaction (row lock on PostgreSQL; on SQLite the
+    transaction already holds the database write lock)."""
+    q = sa.select(studies).where(studies.c.owner == owner, studies.c.name == name)
+    if conn.dialect.name != "sqlite":
+        q = q.with_for_update()
+    return conn.execute(q).mappings().first()

@@ -1,0 +1,357 @@
+"""The service's request and response models (pydantic v2).
+
+Every request model forbids unknown fields, bounds every size (trials per suggest, models per study,
+string lengths, list lengths, the search space's grid) and rejects NaN and infinities, so bad input
+is a 422 naming the field and what is allowed before any work starts. Nothing from a request is ever
+unpickled, evaluated or used as a file path: architectures and models are preset names or plain
+numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LIMITS = {
+    "body_bytes": 65_536,  # the whole request body
+    "models_per_study": 8,
+    "objectives_per_study": 4,
+    "trials_per_suggest": 64,
+    "space_grid_points": 1_000_000,  # product of the search space's axis lengths
+    "page_size": 1000,
+    "max_trials": 1_000_000,
+    "reason_chars": 2000,
+}
+
+Name = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="letters, digits, '.', '_' and '-', at most 64, starting with a letter or digit",
+    ),
+]
+ClientId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_max_length=4096, allow_inf_nan=False)
+
+
+def _known_models() -> list[str]:
+    from ..workloads.models import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _check_models(models: list[str]) -> list[str]:
+    known = _known_models()
+    for m in models:
+        if m not in known:
+            raise ValueError(f"model {m!r} unknown; allowed: {known}")
+    if len(set(models)) != len(models):
+        raise ValueError(f"{models} lists a model twice")
+    return models
+
+
+# ---------------------------------------------------------------------------------------- studies
+class Objective(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    goal: Literal["maximize", "minimize"] = "maximize"
+
+
+class StudyCreate(Strict):
+    name: Name
+    models: list[str] = Field(min_length=1, max_length=LIMITS["models_per_study"])
+    searcher: Literal["phaze", "optuna", "random", "grid"] = "phaze"
+    objectives: list[Objective] = Field(
+        default_factory=lambda: [Objective(name="throughput")],
+        min_length=1,
+        max_length=LIMITS["objectives_per_study"],
+    )
+    space: dict[str, Any] | None = Field(
+        default=None,
+        description="a search space as the YAML of tune_configs/phaze_table1.yaml, as JSON; "
+        "default: the Phaze Table 1 space",
+    )
+    max_area_mm2: Finite | None = Field(
+        default=None, gt=0, le=10_000, description="constraint: only architectures of at most this area"
+    )
+    max_trials: int | None = Field(default=None, ge=1, le=LIMITS["max_trials"])
+    seed: Seed = 0
+    hysteresis: int = Field(default=6, ge=1, le=1000)
+    area_bucket_mm2: Finite = Field(default=0.01, ge=0, le=1000)
+    accelerators: int = Field(default=1024, ge=1, le=65_536, description="context for managed evaluation")
+    global_batch: int = Field(default=4096, ge=1, le=2**24)
+
+    _check = field_validator("models")(classmethod(lambda cls, v: _check_models(v)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudyCreate:
+        names = [o.name for o in self.objectives]
+        if len(set(names)) != len(names):
+            raise ValueError(f"objectives: {names} names an objective twice")
+        if self.searcher == "phaze" and self.objectives[0].goal != "maximize":
+            raise ValueError(
+                "objectives[0].goal: the phaze searcher maximises its first objective "
+                "(throughput); use 'maximize' or another searcher"
+            )
+        if self.space is not None:
+            _check_space(self.space)
+        return self
+
+
+SPACE_FIELDS = {
+    "architecture": None,  # checked field by field by load_space_config
+    "constraints": {
+        "pe_vc_equals_pe_x",
+        "area_max_preset",
+        "area_min_fraction",
+        "area_min_exempt_single_core",
+        "area_max_mm2",
+    },
+    "training": {"hbm_gb", "microbatch", "recompute"},
+}
+
+
+def _depth(x: Any) -> int:
+    """How deeply lists and objects nest in ``x`` (iteratively: no recursion on hostile input)."""
+    deepest, stack = 0, [(x, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict | list):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return deepest
+
+
+def _check_space(space: dict[str, Any]) -> None:
+    import json
+
+    from ..hardware.space import ARCH_FIELDS, _values, load_space_config
+
+    # the shape first, so nothing below meets a type it does not expect (a TypeError would be a 500)
+    if _depth(space) > 4:
+        raise ValueError("space: nested too deeply (a space is architecture.FIELD.pow2 = [lo, hi] at most)")
+    unknown = sorted(set(space) - set(SPACE_FIELDS))
+    if unknown:
+        raise ValueError(f"space: unknown field(s) {unknown}; allowed: {list(SPACE_FIELDS)}")
+    try:
+        json.dumps(space, allow_nan=False)
+    except ValueError:
+        raise ValueError("space: NaN and infinite numbers are not allowed") from None
+    if not isinstance(space.get("architecture"), dict):
+        raise ValueError(f"space.architecture must be an object with the fields {list(ARCH_FIELDS)}")
+    for part in ("constraints", "training"):
+        given = space.get(part)
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise ValueError(f"space.{part} must be an object")
+        unknown = sorted(set(given) - SPACE_FIELDS[part])
+        if unknown:
+            raise ValueError(
+                f"space.{part}: unknown field(s) {unknown}; allowed: {sorted(SPACE_FIELDS[part])}"
+            )
+        for k, v in given.items():
+            items = v if part == "training" else [v]
+            if not isinstance(items, list) or not all(isinstance(x, bool | int | float | str) for x in items):
+                raise ValueError(
+                    f"space.{part}.{k}: must be "
+                    + (
+                        "a list of numbers, strings or booleans"
+                        if part == "training"
+                        else "a number, string or boolean"
+                    )
+                )
+    cfg = load_space_config(space)  # field errors name the field
+    points = 1
+    for f in ARCH_FIELDS:
+        points *= len(_values(cfg["architecture"][f], f"architecture.{f}"))
+    if points > LIMITS["space_grid_points"]:
+        raise ValueError(
+            f"space: the grid has {points:,} points; at most {LIMITS['space_grid_points']:,} are allowed"
+        )
+
+
+class Study(BaseModel):
+    name: str
+    resource: str  # owners/OWNER/studies/NAME
+    owner: str
+    config: dict[str, Any]
+    space_size: int  # feasible architectures under the constraints
+    trials: int
+    created_at: float
+    state: Literal["ACTIVE", "DONE"]
+    done_reason: str | None = None
+
+
+class StudyList(BaseModel):
+    studies: list[Study]
+    next_page_token: str | None = None
+
+
+# ---------------------------------------------------------------------------------------- trials
+class SuggestRequest(Strict):
+    count: int = Field(default=1, ge=1, le=LIMITS["trials_per_suggest"])
+    client_id: ClientId = "default"
+
+
+TrialState = Literal["PENDING", "COMPLETED", "INFEASIBLE", "FAILED", "ABANDONED"]
+
+
+class Trial(BaseModel):
+    number: int
+    resource: str
+    client_id: str
+    state: TrialState
+    arch_index: int
+    params: dict[str, Any]  # the architecture's fields, area and label
+    value: float | None = None
+    values: dict[str, float] | None = None
+    reason: str | None = None
+    created_at: float
+    completed_at: float | None = None
+
+
+class SuggestResponse(BaseModel):
+    trials: list[Trial]
+    done: bool = False  # nothing more will be suggested
+    done_reason: str | None = None
+
+
+class CompleteRequest(Strict):
+    state: Literal["COMPLETED", "INFEASIBLE", "FAILED", "ABANDONED"] = "COMPLETED"
+    value: Finite | None = Field(default=None, description="the first objective's value")
+    values: dict[Annotated[str, Field(max_length=32)], Finite] | None = Field(default=None, max_length=8)
+    reason: str | None = Field(default=None, max_length=LIMITS["reason_chars"])
+
+    @model_validator(mode="after")
+    def _shape(self) -> CompleteRequest:
+        has_value = self.value is not None or self.values is not None
+        if self.state == "COMPLETED" and not has_value:
+            raise ValueError("state COMPLETED needs 'value' or 'values'")
+        if self.state != "COMPLETED" and has_value:
+            raise ValueError(
+                f"state {self.state} takes no 'value'/'values' (an infeasible or failed trial "
+                "is never recorded as a number)"
+            )
+        if self.state == "INFEASIBLE" and not (self.reason or "").strip():
+            raise ValueError("state INFEASIBLE needs a 'reason'")
+        return self
+
+
+class TrialList(BaseModel):
+    trials: list[Trial]
+    next_page_token: str | None = None
+
+
+class Pareto(BaseModel):
+    objectives: list[Objective]
+    trials: list[Trial]
+
+
+# ---------------------------------------------------------------------------------------- operations
+class ArchFields(Strict):
+    num_tc: int = Field(ge=1, le=65_536)
+    num_vc: int = Field(ge=1, le=65_536)
+    pe_x: int = Field(ge=1, le=4096)
+    pe_y: int = Field(ge=1, le=4096)
+    pe_vc: int = Field(ge=1, le=4096)
+    glb_mb: Finite = Field(gt=0, le=65_536)
+
+
+class EvaluateRequest(Strict):
+    """One architecture × model × accelerators × global batch: placement and throughput through the
+    layer ILP and the placement DP, exactly as ``archplace place``."""
+
+    model: str
+    arch: Annotated[str, Field(max_length=32)] | ArchFields = "tpuv4"
+    accelerators: int = Field(default=1024, ge=1, le=65_536)
+    global_batch: int = Field(default=4096, ge=1, le=2**24)
+    hbm_gb: list[Annotated[float, Field(gt=0, le=4096, allow_inf_nan=False)]] = Field(
+        default_factory=lambda: [32.0, 64.0, 80.0], min_length=1, max_length=8
+    )
+    sequential: bool = False
+    fixed: list[Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
+        default=None, min_length=3, max_length=3
+    )
+    seq: int | None = Field(default=None, ge=1, le=32_768)
+    ilp_time_limit_s: Finite = Field(default=5.0, gt=0, le=120)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return _check_models([v])[0]
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            from ..hardware.presets import preset_accelerator
+
+            preset_accelerator(v)  # a preset name only: never a path on the server
+        return v
+
+
+class PartitionRequest(Strict):
+    """An MCM chiplet partition (``archplace partition``)."""
+
+    model: str
+    chiplets: int = Field(default=36, ge=1, le=64)
+    algo: Literal["greedy", "random", "sa", "ppo"] = "greedy"
+    budget: int = Field(default=200, ge=1, le=5000)
+    seed: Seed = 0
+    seq: int | None = Field(default=None, ge=1, le=32_768)
+    mbs: int = Field(default=1, ge=1, le=1024)
+
+    _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
+
+
+class PipelineRequest(Strict):
+    """Pipeline cuts on V100 servers (``archplace pipeline``)."""
+
+    model: str
+    cluster: Literal["A", "B", "C"] = "C"
+    stages: int | None = Field(default=None, ge=2, le=8)
+    algo: Literal["exact", "rainbow", "pretrained"] = "exact"
+    budget: int | None = Field(default=None, ge=1, le=20_000)
+    seed: Seed = 0
+    finetune: int = Field(default=0, ge=0, le=20_000)
+    radius: int = Field(default=3, ge=0, le=8)
+
+    _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
+
+
+OperationState = Literal["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"]
+
+
+class Operation(BaseModel):
+    id: str
+    resource: str
+    kind: Literal["evaluate", "partition", "pipeline"]
+    state: OperationState
+    done: bool
+    request: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    cached: bool = False
+    attempts: int = 0
+    created_at: float
+    updated_at: float
+
+
+class OperationList(BaseModel):
+    operations: list[Operation]
+    next_page_token: str | None = None
+
+
+def finite_or_none(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
