@@ -1,14 +1,17 @@
 """The ``archplace`` command line (contract in DESIGN.md): a human summary by default, one JSON
-object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback."""
+object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback.
+
+A thin layer over ``archplace.api``: each ``cmd_*`` turns argv into a request, calls the API and
+returns ``result.to_dict()``; the ``print_*`` functions write the human summaries."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
+
+from archplace import api
 
 
 def _fmt_bytes(n: float) -> str:
@@ -24,56 +27,6 @@ def _fmt_flops(f: float) -> str:
         if f >= scale:
             return f"{f / scale:.2f} {unit}"
     return f"{f:.0f} FLOP"
-
-
-def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool = True):
-    """A preset name, a dnn-partitioning ``.json`` or an archplace ``.parquet`` graph."""
-    from archplace.workloads import OpGraph
-
-    path = Path(model)
-    if model.endswith(".parquet"):
-        if not path.exists():
-            raise ValueError(f"graph file {model!r} does not exist")
-        return OpGraph.from_parquet(path)
-    if model.endswith(".json"):
-        if not path.exists():
-            raise ValueError(f"graph file {model!r} does not exist")
-        from archplace.workloads.dnn_partitioning import load_dnn_partitioning
-
-        return load_dnn_partitioning(path)
-    from archplace.workloads.models import build_graph
-
-    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
-
-
-def graph_summary(g) -> dict[str, Any]:
-    import numpy as np
-
-    tot = g.totals()
-    fwd = ~g.nodes["is_backward"]
-    bpe = int(g.meta.get("bytes_per_element", 2))
-    out: dict[str, Any] = {
-        "model": g.meta.get("model"), "source": g.meta.get("source"),
-        "seq": g.meta.get("seq"), "mbs": g.meta.get("mbs"), "tmp": g.meta.get("tmp"),
-        "ops": tot["ops"], "forward_ops": tot["forward_ops"], "backward_ops": tot["backward_ops"],
-        "edges": tot["edges"], "parameters": tot["weight_bytes"] // bpe,
-        "weight_bytes": tot["weight_bytes"], "forward_flops": tot["forward_flops"],
-        "backward_flops": tot["backward_flops"], "activation_bytes": tot["activation_bytes"],
-        "ops_by_core": {c: int(n) for c, n in zip(*np.unique(g.nodes["core"][fwd], return_counts=True))},
-    }
-    layers = g.meta.get("layers") or []
-    out["layers"] = len(layers)
-    if layers and (g.nodes["layer"] >= 0).all():
-        from archplace.workloads import layer_graph
-
-        lg = layer_graph(g)
-        out["repeated_layer_groups"] = [
-            {"layers": [layers[i] for i in grp], "count": len(grp), "hash": lg.structural_hash[grp[0]]}
-            for grp in lg.repeat_groups()]
-        out["unique_layers"] = len(out["repeated_layer_groups"])
-    else:
-        out["repeated_layer_groups"] = []
-    return out
 
 
 def cmd_models(args) -> dict[str, Any]:
@@ -95,11 +48,8 @@ def print_models(res: dict[str, Any]) -> None:
 
 
 def cmd_graph(args) -> dict[str, Any]:
-    g = load_graph(args.model, args.seq, args.mbs, args.tmp)
-    res = graph_summary(g)
-    if args.out:
-        res["out"] = str(g.to_parquet(args.out))
-    return res
+    req = api.GraphRequest(args.model, seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out)
+    return api.graph(req).to_dict()
 
 
 def print_graph(res: dict[str, Any]) -> None:
@@ -119,44 +69,10 @@ def print_graph(res: dict[str, Any]) -> None:
         print(f"  written      {res['out']}")
 
 
-def load_accelerator(arch: str):
-    """A preset name or a JSON file of Accelerator fields."""
-    from archplace.hardware import Accelerator
-    from archplace.hardware.presets import preset_accelerator
-
-    if arch.endswith(".json"):
-        return Accelerator.from_json(arch)
-    return preset_accelerator(arch)
-
-
 def cmd_estimate(args) -> dict[str, Any]:
-    import numpy as np
-
-    from archplace.hardware.area import accelerator_area_mm2
-    from archplace.simulators.estimate import estimate_graph
-
-    acc = load_accelerator(args.arch)
-    g = load_graph(args.model, args.seq, args.mbs, args.tmp)
-    est = estimate_graph(g, acc, backend=args.backend)
-    nd = g.nodes
-    bwd = nd["is_backward"]
-    by_core = {c: float(est.single_s[nd["core"] == c].sum()) for c in np.unique(nd["core"])}
-    layers = g.meta.get("layers") or []
-    ops = [{"name": nd["name"][i], "kind": nd["kind"][i], "core": nd["core"][i],
-            "pass": "backward" if bwd[i] else "forward",
-            "layer": layers[nd["layer"][i]] if nd["layer"][i] >= 0 else None,
-            "flops": float(nd["flops"][i]), "single_core_s": float(est.single_s[i]),
-            "all_cores_s": float(est.all_s[i])} for i in range(g.num_nodes)]
-    return {"model": g.meta.get("model"), "seq": g.meta.get("seq"), "mbs": g.meta.get("mbs"),
-            "tmp": g.meta.get("tmp"), "backend": est.backend, "arch": acc.to_dict(),
-            "area_mm2": accelerator_area_mm2(acc), "peak_flops": acc.peak_flops,
-            "totals": {"sequential_single_core_s": float(est.single_s.sum()),
-                       "all_cores_s": float(est.all_s.sum()),
-                       "forward_s": float(est.single_s[~bwd].sum()),
-                       "backward_s": float(est.single_s[bwd].sum()),
-                       "by_core_single_s": by_core,
-                       "flops": float(nd["flops"].sum())},
-            "ops": ops}
+    req = api.EstimateRequest(args.model, args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
+                              backend=args.backend)
+    return api.estimate(req).to_dict()
 
 
 def _arch_label(a: dict[str, Any]) -> str:
@@ -192,27 +108,12 @@ def _parse_fixed(text: str | None) -> tuple[int, int, int] | None:
 
 
 def cmd_place(args) -> dict[str, Any]:
-    from archplace.algorithms.solvers.throughput import model_throughput
-    from archplace.hardware.area import accelerator_area_mm2
-
-    acc = load_accelerator(args.arch)
-    fixed = _parse_fixed(args.fixed)
-    for name, v in (("--accelerators", args.accelerators), ("--global-batch", args.global_batch)):
-        if v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v}")
-    if fixed and fixed[0] * fixed[1] * fixed[2] > args.accelerators:
-        raise ValueError(f"--fixed {args.fixed} needs {fixed[0] * fixed[1] * fixed[2]} accelerators, "
-                         f"more than --accelerators {args.accelerators}")
-    hbm = (args.hbm,) if args.hbm else (32, 64, 80)
-    solve_kw = {} if args.sequential else {"time_limit_s": args.ilp_time_limit}
-    res = model_throughput(args.model, acc, args.accelerators, args.global_batch, hbm_gb=hbm,
-                           sequential=args.sequential, fixed=fixed, seq=args.seq, **solve_kw)
-    out = res.summary()
-    out["area_mm2"] = accelerator_area_mm2(acc)
-    out["accelerators"] = args.accelerators
-    out["global_batch"] = args.global_batch
-    out["schedule"] = "sequential" if args.sequential else "ilp"
-    return out
+    # without --hbm the sizes stay ints, as before: the JSON's configs rows echo them ("hbm_gb": 32)
+    req = api.PlaceRequest(args.model, args.arch, accelerators=args.accelerators,
+                           global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
+                           sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
+                           ilp_time_limit_s=args.ilp_time_limit)
+    return api.place(req).to_dict()
 
 
 def print_place(res: dict[str, Any]) -> None:
@@ -235,11 +136,8 @@ def print_place(res: dict[str, Any]) -> None:
 
 
 def cmd_solve_dp(args) -> dict[str, Any]:
-    from archplace.algorithms.solvers.maxload import solve_dp_command
-
-    if not Path(args.file).exists():
-        raise ValueError(f"input file {args.file!r} does not exist")
-    return solve_dp_command(args.file, args.method, args.time_limit)
+    req = api.SolveDpRequest(args.file, method=args.method, time_limit_s=args.time_limit)
+    return api.solve_dp(req).to_dict()
 
 
 def print_solve_dp(res: dict[str, Any]) -> None:
@@ -275,31 +173,18 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
     return vals
 
 
-RECOMPUTE = {"both": (False, True), "stash": (False,), "recompute": (True,)}
-
-
 def cmd_search(args) -> dict[str, Any]:
-    import time as _time
-
-    from archplace.hardware.space import load_space_config
-    from archplace.platform.search import run_search
-    from archplace.platform.trial import SearchSettings
-
-    settings = SearchSettings(
-        models=tuple(args.models), num_devices=args.accelerators, global_batch=args.global_batch,
-        microbatches=_int_list(args.microbatches, "--microbatches"), hbm_gb=_float_list(args.hbm, "--hbm"),
-        recompute=RECOMPUTE[args.recompute], seq=args.seq, ilp_time_limit_s=args.ilp_time_limit,
-        space=load_space_config(args.space) if args.space else None, schedule=args.schedule,
-        tmp_widths={m: _int_list(args.tmp_widths, "--tmp-widths") for m in args.models} if args.tmp_widths
-        else {})
-    out = args.out or f"runs/search-{_time.strftime('%Y%m%d-%H%M%S')}"
-    return run_search(settings, out, searcher=args.searcher, budget=args.budget, address=args.address,
-                      resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
-                      seed=args.seed,
-                      hysteresis=args.hysteresis, area_bucket_mm2=args.area_bucket,
-                      max_failures=args.max_failures, archs_per_trial=args.archs_per_trial,
-                      schedule_cache=args.schedule_cache, wait_timeout_s=args.wait_timeout,
-                      progress=not args.json)
+    req = api.SearchRequest(
+        models=tuple(args.models), out_dir=args.out, accelerators=args.accelerators,
+        global_batch=args.global_batch, searcher=args.searcher, budget=args.budget, address=args.address,
+        resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
+        archs_per_trial=args.archs_per_trial, schedule=args.schedule, schedule_cache=args.schedule_cache,
+        wait_timeout_s=args.wait_timeout, microbatches=_int_list(args.microbatches, "--microbatches"),
+        hbm_gb=_float_list(args.hbm, "--hbm"), recompute=args.recompute, seq=args.seq,
+        tmp_widths=_int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
+        ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
+        area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures)
+    return api.search(req, terminal_progress=not args.json).to_dict()
 
 
 def print_search(res: dict[str, Any]) -> None:
@@ -343,77 +228,22 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"wrote {res['report']}")
 
 
-PARTITION_ALGOS = ("greedy", "random", "sa", "ppo")
+def _connect_if_needed(req, address: str | None) -> None:
+    """The API never starts Ray: for the algorithms that need it, check the request first (bad input
+    fails before Ray starts), then start the embedded Ray or attach to ``--address``."""
+    if req.needs_ray:
+        req.validate()
+        from archplace.platform.search import connect
+
+        connect(address)
 
 
 def cmd_partition(args) -> dict[str, Any]:
-    import time as _time
-
-    from archplace.algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
-    from archplace.algorithms.solvers.mcm_repair import MCMRepairer
-    from archplace.hardware.presets import mcm_package
-    from archplace.simulators.mcm import MCMProblem, evaluate
-
-    if not 1 <= args.chiplets <= 64:
-        raise ValueError(f"--chiplets must be in [1, 64], got {args.chiplets}")
-    if args.budget < 1:
-        raise ValueError(f"--budget must be a positive number of samples, got {args.budget}")
-    if args.algo != "ppo" and (args.pretrained or args.zero_shot):
-        raise ValueError(f"--pretrained and --zero-shot apply to --algo ppo, not {args.algo}")
-    t0 = _time.perf_counter()
-    if args.model.endswith((".json", ".parquet")):
-        g = load_graph(args.model, args.seq, args.mbs, 1, training=False)
-    else:  # the MCM chiplets are int8 edge TPUs: one byte per element
-        from archplace.workloads.models import build_graph
-
-        g = build_graph(args.model, seq=args.seq, mbs=args.mbs, training=False, bytes_per_element=1)
-    problem = MCMProblem.from_graph(g, mcm_package(args.chiplets))
-    rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
-    g_part, g_tp = greedy(problem, seed=args.seed, repairer=rep)
-    extra: dict[str, Any] = {}
-    if args.algo == "greedy":
-        part, samples = g_part, 1
-    elif args.algo == "ppo":  # PPO with FIX-repaired actions, optionally fine-tuned from pre-trained weights
-        part, samples, extra = _partition_ppo(problem, args)
-        if part is None or float(evaluate(problem, part).throughput[0]) < g_tp:
-            part = g_part
-    else:
-        run = random_search if args.algo == "random" else simulated_annealing
-        trace = run(problem, args.budget, seed=args.seed, repairer=rep)
-        part, samples = trace.best_partition, trace.samples
-        if part is None or trace.best < g_tp:  # the heuristic is always a candidate
-            part = g_part
-    ev = evaluate(problem, part)
-    names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
-    tp = float(ev.throughput[0])
-    return {"model": args.model, "chiplets": args.chiplets, "algo": args.algo, "samples": samples,
-            "nodes": problem.num_nodes, "edges": problem.num_edges, "valid": bool(ev.valid[0]),
-            "throughput": tp, "greedy_throughput": g_tp, "improvement": tp / g_tp if g_tp > 0 else None,
-            "chips_used": int(part.max()) + 1, "chip_latency_s": ev.latency_s[0].tolist(),
-            "assignment": {n: int(c) for n, c in zip(names, part)}, **extra,
-            "wall_s": _time.perf_counter() - t0}
-
-
-def _partition_ppo(problem, args) -> tuple[Any, int, dict[str, Any]]:
-    import ray
-
-    from archplace.algorithms.rl.mcm_ppo import load_state, rl_search
-
-    state, meta = (None, {})
-    if args.zero_shot and not args.pretrained:
-        raise ValueError("--zero-shot needs --pretrained PATH (the policy to sample)")
-    if args.pretrained:
-        if not os.path.exists(args.pretrained):
-            raise FileNotFoundError(f"--pretrained {args.pretrained} does not exist "
-                                    "(bench/mcm_pretrain.py writes bench/results/mcm_pretrained.npz)")
-        state, meta = load_state(args.pretrained)
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    run = rl_search(problem, args.budget, seed=args.seed, init_state=state, train=not args.zero_shot)
-    extra = {"valid_samples": run.trace.valid_samples, "pretrained": args.pretrained,
-             "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if args.zero_shot else
-             ("fine-tuned" if state is not None else "from scratch")}
-    return run.trace.best_partition, run.trace.samples, extra
+    req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
+                               seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
+                               zero_shot=args.zero_shot)
+    _connect_if_needed(req, args.address)
+    return api.partition(req).to_dict()
 
 
 def print_partition(res: dict[str, Any]) -> None:
@@ -427,79 +257,13 @@ def print_partition(res: dict[str, Any]) -> None:
           f"mean {sum(lat) / len(lat) * 1e3:.3f} ms")
 
 
-PIPELINE_ALGOS = ("rainbow", "pretrained", "exact")
-
-
 def cmd_pipeline(args) -> dict[str, Any]:
     """Pipeline cuts of a model on V100 servers (Auto-MAP): DQN, pre-trained agent or exact."""
-    import time as _time
-
-    from archplace.algorithms.rl.pipeline_plan import (
-        cluster_of,
-        describe,
-        gap,
-        model_profile,
-        optimum,
-        pretrained_weights_path,
-    )
-
-    if args.cluster not in ("A", "B", "C"):
-        raise ValueError(f"--cluster must be one of ['A', 'B', 'C'], got {args.cluster!r}")
-    cl = cluster_of(args.cluster)
-    k = cl.num_servers if args.stages is None else args.stages
-    if not 2 <= k <= 8:
-        raise ValueError(f"--stages must be in [2, 8], got {k}")
-    if args.budget is not None and args.budget < 1:
-        raise ValueError(f"--budget must be a positive number of environment steps, got {args.budget}")
-    if args.finetune < 0:
-        raise ValueError(f"--finetune must be >= 0 environment steps, got {args.finetune}")
-    if args.radius < 0:
-        raise ValueError(f"--radius must be >= 0 devices, got {args.radius}")
-    weights = args.pretrained or str(pretrained_weights_path())
-    if args.algo == "pretrained" and not os.path.exists(weights):
-        raise FileNotFoundError(f"--pretrained {weights} does not exist "
-                                "(bench/pipeline.py --pretrain-steps N writes it)")
-    t0 = _time.perf_counter()
-    prof = model_profile(args.model)
-    opt = optimum(prof, cl, k, args.radius)
-    out: dict[str, Any] = {"model": args.model, "cluster": args.cluster, "gpus": cl.num_devices,
-                           "stages": k, "algo": args.algo, "forward_ops": prof.num_ops,
-                           "optimizer": prof.setup.optimizer, "recompute": prof.setup.recompute,
-                           "optimum": {**describe(prof, cl, opt.cuts), "evaluated": opt.evaluated,
-                                       "wall_s": opt.wall_s}}
-    if args.algo == "exact":
-        plan, extra = opt.cuts, {"evaluated": opt.evaluated}
-    else:
-        import ray
-
-        from archplace.algorithms.rl.pipeline_dqn import (
-            default_budget,
-            dqn_search,
-            load_state,
-            pretrained_plan,
-        )
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        if args.algo == "rainbow":
-            budget = args.budget or default_budget(k)
-            res = dqn_search(prof, cl, k, budget, seed=args.seed, radius=args.radius)
-            plan = res.best_cuts
-            extra = {"env_steps": res.env_steps, "plans_evaluated": res.plans,
-                     "greedy": describe(prof, cl, res.greedy_cuts)}
-        else:
-            state, meta = load_state(weights)
-            zs = pretrained_plan(state, prof, cl, k, finetune_steps=args.finetune, seed=args.seed)
-            plan = zs.cuts
-            extra = {"pretrained": weights, "pretrained_steps": meta.get("steps"),
-                     "finetune_steps": zs.finetune_steps, "coarse_cuts": zs.coarse_cuts.tolist()}
-    out.update(describe(prof, cl, plan))
-    out.update(extra)
-    out["optimal_length_s"] = out["optimum"]["length_s"]
-    out["feasible"] = not out["oom"]
-    out["gap"] = gap(out["length_s"], opt.length_s) if not opt.oom else None
-    out["wall_s"] = _time.perf_counter() - t0
-    return out
+    req = api.PipelineRequest(args.model, cluster=args.cluster, stages=args.stages, algo=args.algo,
+                              budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
+                              pretrained=args.pretrained)
+    _connect_if_needed(req, args.address)
+    return api.pipeline(req).to_dict()
 
 
 def print_pipeline(res: dict[str, Any]) -> None:
@@ -589,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for the cluster's first CPU and the model graphs")
     se.add_argument("--microbatches", default="1,2,4,8")
     se.add_argument("--hbm", default="32,64,80", help="HBM sizes in GB")
-    se.add_argument("--recompute", choices=sorted(RECOMPUTE), default="both")
+    se.add_argument("--recompute", choices=sorted(api.RECOMPUTE), default="both")
     se.add_argument("--seq", type=int, default=None)
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
     se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
@@ -604,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa = sub.add_parser("partition", help="partition a model over the chiplets of a multi-chip module")
     pa.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
     pa.add_argument("--chiplets", type=int, default=36)
-    pa.add_argument("--algo", choices=PARTITION_ALGOS, default="sa")
+    pa.add_argument("--algo", choices=api.PARTITION_ALGOS, default="sa")
     pa.add_argument("--budget", type=int, default=200, help="samples (evaluated partitions)")
     pa.add_argument("--pretrained", default=None,
                     help="ppo: start from these pre-trained weights (.npz from bench/mcm_pretrain.py)")
@@ -612,30 +376,59 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--seq", type=int, default=None)
     pa.add_argument("--mbs", type=int, default=1)
     pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--address", help="ppo: attach to a running Ray cluster: auto or HOST:PORT "
+                                      "(default: an embedded local Ray)")
     pa.add_argument("--json", action="store_true")
     pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP DQN)")
     pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")
     pp.add_argument("--cluster", required=True, help="A, B or C: 2, 3 or 4 servers of 8 V100")
     pp.add_argument("--stages", type=int, default=None, help="K (default: the number of servers)")
-    pp.add_argument("--algo", choices=PIPELINE_ALGOS, default="rainbow")
+    pp.add_argument("--algo", choices=api.PIPELINE_ALGOS, default="rainbow")
     pp.add_argument("--budget", type=int, default=None,
                     help="rainbow: environment steps (default 1300 per cut)")
     pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
     pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
     pp.add_argument("--radius", type=int, default=3, help="pruning radius (devices) around server boundaries")
     pp.add_argument("--seed", type=int, default=0)
+    pp.add_argument("--address", help="rainbow, pretrained: attach to a running Ray cluster: auto or "
+                                      "HOST:PORT (default: an embedded local Ray)")
     pp.add_argument("--json", action="store_true")
     rp = sub.add_parser("report", help="report.md with plots of a finished search")
     rp.add_argument("dir")
     rp.add_argument("--json", action="store_true")
+    from archplace.service.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     return p
+
+
+# request fields whose flag is not "--" + the field with "-" for "_"
+FLAGS = {"model": "MODEL", "models": "MODEL", "file": "FILE", "out_dir": "--out", "hbm_gb": "--hbm",
+         "ilp_time_limit_s": "--ilp-time-limit", "time_limit_s": "--time-limit",
+         "wait_timeout_s": "--wait-timeout", "area_bucket_mm2": "--area-bucket"}
+
+
+def _flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":   # a long-running server (or its token commands), not a one-shot result
+        from archplace.service.cli import run as run_serve
+
+        try:
+            return run_serve(args)
+        except (ValueError, OSError, TimeoutError) as e:
+            print(f"archplace serve: error: {e}", file=sys.stderr)
+            return 2
     run, show = COMMANDS[args.command]
     try:
         res = run(args)
+    except api.InvalidRequest as e:  # the API names request fields; the CLI user knows the flags
+        print(f"archplace {args.command}: error: {e.render({f: _flag(f) for f in e.fields})}",
+              file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"archplace {args.command}: error: {e}", file=sys.stderr)
         return 2

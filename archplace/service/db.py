@@ -45,6 +45,7 @@ studies = sa.Table(
     # the sequence number it last saw
     sa.Column("seq", sa.Integer, nullable=False, default=0),
     sa.Column("trial_count", sa.Integer, nullable=False, default=0),
+    sa.Column("done_reason", sa.Text, nullable=True),  # why the searcher suggests nothing more
     sa.UniqueConstraint("owner", "name", name="uq_study_owner_name"),
 )
 

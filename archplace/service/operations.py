@@ -224,6 +224,7 @@ class OperationRunner:
         self.max_running = max_running
         self.period_s = period_s
         self.running: dict[str, Any] = {}  # operation id -> ObjectRef
+        self._task = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="archplace-operations", daemon=True)
 
@@ -328,9 +329,11 @@ class OperationRunner:
                         )
                     )
                     adopted.append(r)
-        task = ray.remote(num_cpus=1, max_retries=1)(run_operation)
+        if adopted and self._task is None:
+            # a worker that dies is retried once by Ray; a runner that dies, by the lease
+            self._task = ray.remote(num_cpus=1, max_retries=1)(run_operation)
         for r in adopted:
-            self.running[r["id"]] = task.remote(r["kind"], json.loads(r["request_json"]))
+            self.running[r["id"]] = self._task.remote(r["kind"], json.loads(r["request_json"]))
         # collect
         if not self.running:
             return

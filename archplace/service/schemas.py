@@ -280,7 +280,7 @@ class EvaluateRequest(Strict):
         default=None, min_length=3, max_length=3
     )
     seq: int | None = Field(default=None, ge=1, le=32_768)
-    ilp_time_limit_s: Finite = Field(default=5.0, gt=0, le=120)
+    ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
 
     @field_validator("model")
     @classmethod

@@ -93,7 +93,6 @@ class StudyService:
         self._searchers: dict[int, StudySearcher] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._done: dict[int, str] = {}
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, study_id: int) -> threading.Lock:
@@ -179,7 +178,7 @@ class StudyService:
             row = self._get_row(conn, owner, name)
         s = self._searchers.get(row["id"])
         size = len(s.space) if s else len(StudySearcher(json.loads(row["config_json"])).space)
-        return _study_model(row, owner, size, self._done.get(row["id"]))
+        return _study_model(row, owner, size, row["done_reason"])
 
     def list(self, owner: str, page_size: int = 100, page_token: str | None = None) -> StudyList:
         after = _page_token(page_token)
@@ -200,7 +199,7 @@ class StudyService:
         for r in rows:
             s = self._searchers.get(r["id"])
             size = len(s.space) if s else len(StudySearcher(json.loads(r["config_json"])).space)
-            out.append(_study_model(r, owner, size, self._done.get(r["id"])))
+            out.append(_study_model(r, owner, size, r["done_reason"]))
         return StudyList(studies=out, next_page_token=str(rows[-1]["id"]) if more else None)
 
     def delete(self, owner: str, name: str) -> None:
@@ -209,7 +208,6 @@ class StudyService:
             conn.execute(sa.delete(trials).where(trials.c.study_id == row["id"]))
             conn.execute(sa.delete(studies).where(studies.c.id == row["id"]))
         self._searchers.pop(row["id"], None)
-        self._done.pop(row["id"], None)
 
     # ------------------------------------------------------------------ ask / tell
     def suggest(self, owner: str, name: str, req: SuggestRequest) -> SuggestResponse:
@@ -273,8 +271,11 @@ class StudyService:
                 done_reason = "max_trials reached"
             if new:
                 conn.execute(sa.insert(trials), new)
+            if new or (done_reason and done_reason != row["done_reason"]):
                 conn.execute(
-                    sa.update(studies).where(studies.c.id == sid).values(seq=seq, trial_count=number)
+                    sa.update(studies)
+                    .where(studies.c.id == sid)
+                    .values(seq=seq, trial_count=number, done_reason=done_reason)
                 )
             rows = (
                 conn.execute(
@@ -288,8 +289,6 @@ class StudyService:
                 else []
             )
         s.seq = seq
-        if done_reason:
-            self._done[sid] = done_reason
         return SuggestResponse(
             trials=[_trial_model(r, owner, name) for r in rows],
             done=done_reason is not None and not new,

@@ -1,0 +1,220 @@
+"""Operator graphs and per-operator latency estimates (``archplace graph`` / ``estimate``)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    ProgressFn,
+    Request,
+    Result,
+    Steps,
+    check_choice,
+    check_int,
+    check_model,
+    check_optional_str,
+    invalid,
+)
+
+BACKENDS = ("analytical", "zigzag")
+
+
+# ---------------------------------------------------------------------- loaders
+def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool = True):
+    """A preset name, a dnn-partitioning ``.json`` or an archplace ``.parquet`` graph."""
+    from ..workloads import OpGraph
+
+    path = Path(model)
+    if model.endswith(".parquet"):
+        if not path.exists():
+            raise ValueError(f"graph file {model!r} does not exist")
+        return OpGraph.from_parquet(path)
+    if model.endswith(".json"):
+        if not path.exists():
+            raise ValueError(f"graph file {model!r} does not exist")
+        from ..workloads.dnn_partitioning import load_dnn_partitioning
+
+        return load_dnn_partitioning(path)
+    from ..workloads.models import build_graph
+
+    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
+
+
+def load_accelerator(arch: str | dict):
+    """A preset name, a JSON file of Accelerator fields, or those fields as a dict."""
+    from ..hardware import Accelerator
+    from ..hardware.presets import preset_accelerator
+
+    if isinstance(arch, dict):
+        return Accelerator.from_dict(arch)
+    if not (isinstance(arch, str) and arch):
+        raise invalid("arch", "must be an accelerator preset name, a .json file or a dict of Accelerator "
+                              f"fields, got {arch!r}")
+    if arch.endswith(".json"):
+        return Accelerator.from_json(arch)
+    return preset_accelerator(arch)
+
+
+def graph_summary(g) -> dict[str, Any]:
+    """Counts, sizes, flops and repeated layers of an operator graph (``GraphResult``'s fields)."""
+    import numpy as np
+
+    tot = g.totals()
+    fwd = ~g.nodes["is_backward"]
+    bpe = int(g.meta.get("bytes_per_element", 2))
+    out: dict[str, Any] = {
+        "model": g.meta.get("model"), "source": g.meta.get("source"),
+        "seq": g.meta.get("seq"), "mbs": g.meta.get("mbs"), "tmp": g.meta.get("tmp"),
+        "ops": tot["ops"], "forward_ops": tot["forward_ops"], "backward_ops": tot["backward_ops"],
+        "edges": tot["edges"], "parameters": tot["weight_bytes"] // bpe,
+        "weight_bytes": tot["weight_bytes"], "forward_flops": tot["forward_flops"],
+        "backward_flops": tot["backward_flops"], "activation_bytes": tot["activation_bytes"],
+        "ops_by_core": {c: int(n) for c, n in zip(*np.unique(g.nodes["core"][fwd], return_counts=True))},
+    }
+    layers = g.meta.get("layers") or []
+    out["layers"] = len(layers)
+    if layers and (g.nodes["layer"] >= 0).all():
+        from ..workloads import layer_graph
+
+        lg = layer_graph(g)
+        out["repeated_layer_groups"] = [
+            {"layers": [layers[i] for i in grp], "count": len(grp), "hash": lg.structural_hash[grp[0]]}
+            for grp in lg.repeat_groups()]
+        out["unique_layers"] = len(out["repeated_layer_groups"])
+    else:
+        out["repeated_layer_groups"] = []
+    return out
+
+
+# ---------------------------------------------------------------------- graph
+@dataclass(frozen=True)
+class GraphRequest(Request):
+    model: str                 # preset name, dnn-partitioning .json or archplace .parquet
+    seq: int | None = None     # sequence length (None: the preset's)
+    mbs: int = 1               # microbatch size
+    tmp: int = 1               # tensor-model-parallel width (one slice)
+    out: str | None = None     # write the graph to this Parquet file
+
+    def validate(self) -> None:
+        check_model(self.model, files=True)
+        check_int("seq", self.seq, optional=True)
+        check_int("mbs", self.mbs)
+        check_int("tmp", self.tmp)
+        check_optional_str("out", self.out)
+
+
+@dataclass
+class GraphResult(Result):
+    model: str | None
+    source: str | None
+    seq: int | None
+    mbs: int | None
+    tmp: int | None
+    ops: int
+    forward_ops: int
+    backward_ops: int
+    edges: int
+    parameters: int
+    weight_bytes: int
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: int
+    ops_by_core: dict[str, int]
+    layers: int
+    repeated_layer_groups: list[dict[str, Any]]
+    unique_layers: int | None = None   # None (left out of to_dict) when ops lack layer ids
+    out: str | None = None             # the Parquet file written, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        for k in ("unique_layers", "out"):
+            if d[k] is None:
+                del d[k]
+        return d
+
+
+def graph(req: GraphRequest, *, progress: ProgressFn | None = None,
+          cancel: threading.Event | None = None) -> GraphResult:
+    """The training operator graph of a model: stages ``graph``, (``write``,) ``done``."""
+    req.validate()
+    steps = Steps("graph", progress, cancel)
+    g = load_graph(req.model, req.seq, req.mbs, req.tmp)
+    res = GraphResult(**graph_summary(g))
+    steps.stage("graph", ops=res.ops, edges=res.edges)
+    if req.out:
+        res.out = str(g.to_parquet(req.out))
+        steps.stage("write", path=res.out)
+    steps.done(ops=res.ops)
+    return res
+
+
+# ---------------------------------------------------------------------- estimate
+@dataclass(frozen=True)
+class EstimateRequest(Request):
+    model: str                 # preset name, dnn-partitioning .json or archplace .parquet
+    arch: str | dict           # accelerator preset, .json file, or a dict of Accelerator fields
+    mbs: int = 1
+    tmp: int = 1
+    seq: int | None = None
+    backend: str = "analytical"
+
+    def validate(self) -> None:
+        check_model(self.model, files=True)
+        load_accelerator(self.arch)
+        check_int("mbs", self.mbs)
+        check_int("tmp", self.tmp)
+        check_int("seq", self.seq, optional=True)
+        check_choice("backend", self.backend, BACKENDS)
+
+
+@dataclass
+class EstimateResult(Result):
+    model: str | None
+    seq: int | None
+    mbs: int | None
+    tmp: int | None
+    backend: str
+    arch: dict[str, Any]
+    area_mm2: float
+    peak_flops: float
+    totals: dict[str, Any]       # sequential_single_core_s, all_cores_s, forward_s, backward_s, ...
+    ops: list[dict[str, Any]]    # one per operator: name, kind, core, pass, layer, flops, latencies
+
+
+def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
+             cancel: threading.Event | None = None) -> EstimateResult:
+    """Per-operator latency of a model on an accelerator: stages ``graph``, ``estimate``, ``done``."""
+    import numpy as np
+
+    from ..hardware.area import accelerator_area_mm2
+    from ..simulators.estimate import estimate_graph
+
+    req.validate()
+    steps = Steps("estimate", progress, cancel)
+    acc = load_accelerator(req.arch)
+    g = load_graph(req.model, req.seq, req.mbs, req.tmp)
+    steps.stage("graph", ops=g.num_nodes)
+    est = estimate_graph(g, acc, backend=req.backend)
+    steps.stage("estimate", backend=est.backend)
+    nd = g.nodes
+    bwd = nd["is_backward"]
+    by_core = {c: float(est.single_s[nd["core"] == c].sum()) for c in np.unique(nd["core"])}
+    layers = g.meta.get("layers") or []
+    ops = [{"name": nd["name"][i], "kind": nd["kind"][i], "core": nd["core"][i],
+            "pass": "backward" if bwd[i] else "forward",
+            "layer": layers[nd["layer"][i]] if nd["layer"][i] >= 0 else None,
+            "flops": float(nd["flops"][i]), "single_core_s": float(est.single_s[i]),
+            "all_cores_s": float(est.all_s[i])} for i in range(g.num_nodes)]
+    res = EstimateResult(
+        model=g.meta.get("model"), seq=g.meta.get("seq"), mbs=g.meta.get("mbs"), tmp=g.meta.get("tmp"),
+        backend=est.backend, arch=acc.to_dict(), area_mm2=accelerator_area_mm2(acc),
+        peak_flops=acc.peak_flops,
+        totals={"sequential_single_core_s": float(est.single_s.sum()), "all_cores_s": float(est.all_s.sum()),
+                "forward_s": float(est.single_s[~bwd].sum()), "backward_s": float(est.single_s[bwd].sum()),
+                "by_core_single_s": by_core, "flops": float(nd["flops"].sum())},
+        ops=ops)
+    steps.done(ops=len(ops))
+    return res

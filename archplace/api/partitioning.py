@@ -1,0 +1,154 @@
+"""A model's operators over the chiplets of a multi-chip module (``archplace partition``, MCM paper):
+the greedy heuristic, random search, simulated annealing, or PPO with repaired actions (on Ray)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._common import (
+    InvalidRequest,
+    ProgressFn,
+    Request,
+    Result,
+    Steps,
+    check_bool,
+    check_choice,
+    check_int,
+    check_model,
+    check_optional_str,
+    invalid,
+    is_int,
+    require_ray,
+)
+from .graphs import load_graph
+
+PARTITION_ALGOS = ("greedy", "random", "sa", "ppo")
+
+
+@dataclass(frozen=True)
+class PartitionRequest(Request):
+    model: str                      # preset name, dnn-partitioning .json or archplace .parquet
+    chiplets: int = 36
+    algo: str = "sa"                # greedy, random, sa, ppo (ppo needs a running Ray)
+    budget: int = 200               # samples (evaluated partitions)
+    seed: int = 0
+    seq: int | None = None
+    mbs: int = 1
+    pretrained: str | None = None   # ppo: start from these weights (.npz from bench/mcm_pretrain.py)
+    zero_shot: bool = False         # ppo: sample the pre-trained policy, no updates
+
+    @property
+    def needs_ray(self) -> bool:
+        return self.algo == "ppo"
+
+    def validate(self) -> None:
+        check_model(self.model, files=True)
+        check_int("chiplets", self.chiplets, 1, 64)
+        check_choice("algo", self.algo, PARTITION_ALGOS)
+        if not (is_int(self.budget) and self.budget >= 1):
+            raise invalid("budget", f"must be a positive number of samples, got {self.budget!r}")
+        check_int("seed", self.seed, low=0)
+        check_int("seq", self.seq, optional=True)
+        check_int("mbs", self.mbs)
+        check_optional_str("pretrained", self.pretrained)
+        check_bool("zero_shot", self.zero_shot)
+        if self.algo != "ppo" and (self.pretrained or self.zero_shot):
+            raise InvalidRequest("{pretrained} and {zero_shot} apply to {algo} ppo, not " + self.algo,
+                                 "pretrained", "zero_shot", "algo")
+        if self.zero_shot and not self.pretrained:
+            raise InvalidRequest("{zero_shot} needs {pretrained} PATH (the policy to sample)",
+                                 "zero_shot", "pretrained")
+        if self.pretrained and not os.path.exists(self.pretrained):
+            raise invalid("pretrained", f"{self.pretrained} does not exist "
+                                        "(bench/mcm_pretrain.py writes bench/results/mcm_pretrained.npz)")
+
+
+@dataclass
+class PartitionResult(Result):
+    model: str
+    chiplets: int
+    algo: str
+    samples: int                    # partitions evaluated
+    nodes: int
+    edges: int
+    valid: bool
+    throughput: float               # 1 / the slowest chip's latency
+    greedy_throughput: float        # the greedy heuristic's (always a candidate)
+    improvement: float | None       # throughput / greedy_throughput
+    chips_used: int
+    chip_latency_s: list[float]
+    assignment: dict[str, int]      # operator name -> chiplet
+    details: dict[str, Any] = field(default_factory=dict)  # ppo: valid_samples, pretrained, mode, ...
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        details, wall = d.pop("details"), d.pop("wall_s")
+        return {**d, **details, "wall_s": wall}
+
+
+def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
+              cancel: threading.Event | None = None) -> PartitionResult:
+    """Partition a model over the chiplets of an MCM. Stages: ``graph``, ``greedy``, ``search`` (all
+    algorithms but greedy), ``done``. ``algo="ppo"`` raises RuntimeError unless Ray is running."""
+    from ..algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
+    from ..algorithms.solvers.mcm_repair import MCMRepairer
+    from ..hardware.presets import mcm_package
+    from ..simulators.mcm import MCMProblem, evaluate
+
+    req.validate()
+    if req.needs_ray:
+        require_ray("partition algo 'ppo'")
+    steps = Steps("partition", progress, cancel)
+    t0 = time.perf_counter()
+    if req.model.endswith((".json", ".parquet")):
+        g = load_graph(req.model, req.seq, req.mbs, 1, training=False)
+    else:  # the MCM chiplets are int8 edge TPUs: one byte per element
+        from ..workloads.models import build_graph
+
+        g = build_graph(req.model, seq=req.seq, mbs=req.mbs, training=False, bytes_per_element=1)
+    problem = MCMProblem.from_graph(g, mcm_package(req.chiplets))
+    rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
+    steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
+    g_part, g_tp = greedy(problem, seed=req.seed, repairer=rep)
+    steps.stage("greedy", throughput=g_tp)
+    details: dict[str, Any] = {}
+    if req.algo == "greedy":
+        part, samples = g_part, 1
+    else:
+        if req.algo == "ppo":  # PPO with FIX-repaired actions, optionally fine-tuned from pre-trained weights
+            part, samples, details = _ppo(problem, req)
+            best = None if part is None else float(evaluate(problem, part).throughput[0])
+        else:
+            run = random_search if req.algo == "random" else simulated_annealing
+            trace = run(problem, req.budget, seed=req.seed, repairer=rep)
+            part, samples, best = trace.best_partition, trace.samples, trace.best
+        if part is None or best < g_tp:  # the heuristic is always a candidate
+            part = g_part
+        steps.stage("search", samples=samples)
+    ev = evaluate(problem, part)
+    names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
+    tp = float(ev.throughput[0])
+    res = PartitionResult(
+        model=req.model, chiplets=req.chiplets, algo=req.algo, samples=samples, nodes=problem.num_nodes,
+        edges=problem.num_edges, valid=bool(ev.valid[0]), throughput=tp, greedy_throughput=g_tp,
+        improvement=tp / g_tp if g_tp > 0 else None, chips_used=int(part.max()) + 1,
+        chip_latency_s=ev.latency_s[0].tolist(), assignment={n: int(c) for n, c in zip(names, part)},
+        details=details, wall_s=time.perf_counter() - t0)
+    steps.done(throughput=tp, improvement=res.improvement)
+    return res
+
+
+def _ppo(problem, req: PartitionRequest) -> tuple[Any, int, dict[str, Any]]:
+    from ..algorithms.rl.mcm_ppo import load_state, rl_search
+
+    state, meta = load_state(req.pretrained) if req.pretrained else (None, {})
+    run = rl_search(problem, req.budget, seed=req.seed, init_state=state, train=not req.zero_shot)
+    details = {"valid_samples": run.trace.valid_samples, "pretrained": req.pretrained,
+               "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if req.zero_shot else
+               ("fine-tuned" if state is not None else "from scratch")}
+    return run.trace.best_partition, run.trace.samples, details

@@ -1,0 +1,166 @@
+"""The architecture × placement co-search on Ray Tune (``archplace search``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._common import (
+    ProgressFn,
+    Request,
+    Result,
+    Steps,
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_str,
+    check_positive_number,
+    invalid,
+    is_int,
+    is_number,
+)
+
+RECOMPUTE = {"both": (False, True), "stash": (False,), "recompute": (True,)}
+SCHEDULES = ("ilp", "sequential")
+
+
+@dataclass(frozen=True)
+class SearchRequest(Request):
+    models: tuple[str, ...]                 # model presets; one trial evaluates all of them
+    out_dir: str | None = None              # result directory (None: runs/search-TIMESTAMP)
+    accelerators: int = 1024
+    global_batch: int = 4096
+    searcher: str = "phaze"                 # phaze, optuna, random, grid
+    budget: int = 16                        # most architectures to evaluate
+    address: str | None = None              # Ray cluster: "auto" or HOST:PORT (None: embedded local Ray)
+    resume: bool = False                    # continue the search in out_dir
+    retry_failed: bool = False              # with resume: evaluate failed architectures again
+    workers: int | None = None              # most trials in flight (None: the cluster's CPUs)
+    archs_per_trial: int = 1
+    schedule: str = "ilp"                   # ilp, or sequential (no ILP: fast screening)
+    schedule_cache: str | None = None       # solved layer slices file (None: OUT/schedule_cache.jsonl)
+    wait_timeout_s: float = 600.0           # for the cluster's first CPU and the model graphs
+    microbatches: tuple[int, ...] = (1, 2, 4, 8)
+    hbm_gb: tuple[float, ...] = (32.0, 64.0, 80.0)
+    recompute: str = "both"                 # both, stash, recompute
+    seq: int | None = None
+    tmp_widths: tuple[int, ...] | None = None   # TMP widths for every model (None: each model's own)
+    ilp_time_limit_s: float = 5.0           # per layer ILP
+    space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
+    hysteresis: int = 6
+    area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
+    seed: int = 0
+    max_failures: int = 2                   # retries of an architecture whose evaluation failed
+
+    def settings(self):
+        """The ``SearchSettings`` that define the search's results (imports Ray)."""
+        from ..hardware.space import load_space_config
+        from ..platform.trial import SearchSettings
+
+        return SearchSettings(
+            models=tuple(self.models), num_devices=self.accelerators, global_batch=self.global_batch,
+            microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
+            seq=self.seq, ilp_time_limit_s=self.ilp_time_limit_s,
+            space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
+            tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {})
+
+    def validate(self) -> None:
+        """The shapes checked here, the rest by ``archplace.platform.search.validate`` (its messages
+        name the CLI flags)."""
+        from ..platform.search import validate as validate_search
+
+        if not (isinstance(self.models, tuple) and all(isinstance(m, str) for m in self.models)):
+            raise invalid("models", f"must be a list of model preset names, got {self.models!r}")
+        check_optional_str("out_dir", self.out_dir)
+        for name in ("accelerators", "global_batch", "archs_per_trial", "hysteresis"):
+            check_int(name, getattr(self, name))
+        check_int("workers", self.workers, optional=True)
+        check_int("seq", self.seq, optional=True)
+        check_int("seed", self.seed, low=0)
+        check_int("max_failures", self.max_failures, low=0)
+        for name in ("resume", "retry_failed"):
+            check_bool(name, getattr(self, name))
+        check_optional_str("address", self.address)
+        check_optional_str("schedule_cache", self.schedule_cache)
+        check_choice("recompute", self.recompute, tuple(sorted(RECOMPUTE)))
+        check_choice("schedule", self.schedule, SCHEDULES)
+        for name in ("microbatches", "tmp_widths"):
+            v = getattr(self, name)
+            if not (v is None and name == "tmp_widths") and not (
+                    isinstance(v, tuple) and v and all(is_int(x) and x >= 1 for x in v)):
+                raise invalid(name, f"must be one or more positive integers, got {v!r}")
+        if not (isinstance(self.hbm_gb, tuple) and self.hbm_gb and all(is_number(h) for h in self.hbm_gb)):
+            raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
+        check_positive_number("ilp_time_limit_s", self.ilp_time_limit_s)
+        check_positive_number("wait_timeout_s", self.wait_timeout_s)
+        if not (is_number(self.area_bucket_mm2) and self.area_bucket_mm2 >= 0):
+            raise invalid("area_bucket_mm2", f"must be a number >= 0, got {self.area_bucket_mm2!r}")
+        if not (self.space is None or isinstance(self.space, dict) or (isinstance(self.space, str)
+                                                                        and self.space)):
+            raise invalid("space", f"must be a search-space YAML path, its content as a dict, or None, "
+                                   f"got {self.space!r}")
+        if self.retry_failed and not self.resume:
+            raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
+                             "pass --resume too")
+        validate_search(self.settings(), self.searcher, self.budget, self.workers, self.archs_per_trial)
+
+
+@dataclass
+class SearchResult(Result):
+    """``best.json``'s content (see README "the result directory") with the run's statistics."""
+
+    models: list[str]
+    num_devices: int
+    global_batch: int
+    searcher: str
+    evaluated: int                       # architectures evaluated (resumed ones included)
+    failed: int
+    infeasible: int
+    common: dict[str, Any] | None        # the best architecture across models (None: nothing feasible)
+    per_model: dict[str, dict[str, Any]]  # the best architecture and placement per model
+    reference: dict[str, Any] | None     # TPUv4 with the expert placement
+    speedup_vs_reference: dict[str, float]
+    out_dir: str
+    stats: dict[str, Any]                # resumed, new_trials, cache, wall_s, ...
+    extra: dict[str, Any] = field(default_factory=dict)  # keys a newer result store adds
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SearchResult:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in d.items() if k in names},
+                   extra={k: v for k, v in d.items() if k not in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        extra = d.pop("extra")
+        return {**d, **extra}
+
+
+def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+           terminal_progress: bool = False) -> SearchResult:
+    """Run (or resume) a search; writes ``out_dir`` (evaluations.parquet, best.json, report.md).
+
+    Unlike the other calls, a search attaches to Ray itself, as ``archplace search`` does: through
+    ``run_search`` to ``req.address`` (None: an embedded local Ray on 127.0.0.1, started unless Ray
+    is already running in this process). ``run_search`` offers no per-architecture hook, so the
+    stages are ``start`` and ``done``, and ``cancel`` is seen only before the search starts.
+    ``terminal_progress``: ``run_search``'s own progress line on stderr (the CLI's, off by default).
+    """
+    from ..platform.search import run_search
+
+    req.validate()
+    steps = Steps("search", progress, cancel)
+    out = req.out_dir or f"runs/search-{time.strftime('%Y%m%d-%H%M%S')}"
+    steps.stage("start", out_dir=out, budget=req.budget)
+    res = run_search(req.settings(), out, searcher=req.searcher, budget=req.budget, address=req.address,
+                     resume=req.resume, retry_failed=req.retry_failed, workers=req.workers, seed=req.seed,
+                     hysteresis=req.hysteresis, area_bucket_mm2=req.area_bucket_mm2,
+                     max_failures=req.max_failures, archs_per_trial=req.archs_per_trial,
+                     schedule_cache=req.schedule_cache, wait_timeout_s=req.wait_timeout_s,
+                     progress=terminal_progress)
+    result = SearchResult.from_dict(res)
+    steps.done(evaluated=result.evaluated, failed=result.failed, out_dir=result.out_dir)
+    return result
