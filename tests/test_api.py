@@ -191,3 +191,35 @@ def test_search_result_keeps_the_store_keys_in_order():
     assert res.extra == {"newer_key": 1} and res.evaluated == 2
     d = res.to_dict()
     assert d == best and list(d)[:11] == list(best)[:11] and "extra" not in d
+
+
+def test_search_reports_every_architecture_and_cancels_after_the_trials_in_flight(ray_session, tmp_path):
+    """A sequential-schedule grid search on one CPU's worth of trials: ``evaluated`` once per finished
+    architecture, with the values the result store holds; cancelled after the first report, it stops
+    short of its budget and keeps what finished."""
+    import pyarrow.parquet as pq
+
+    base = dict(models=("bert-base",), accelerators=64, global_batch=256, searcher="grid", schedule="sequential",
+                microbatches=(1,), hbm_gb=(32.0,), workers=1)
+    seen: list[tuple[str, dict]] = []
+    res = api.search(api.SearchRequest(out_dir=str(tmp_path / "all"), budget=3, **base),
+                     progress=lambda stage, info: seen.append((stage, info)))
+    evaluated = [i for s, i in seen if s == "evaluated"]
+    assert [s for s, _ in seen] == ["start", "evaluated", "evaluated", "evaluated", "done"]
+    rows = pq.read_table(tmp_path / "all" / "evaluations.parquet").to_pylist()
+    assert {i["space_index"]: i["throughput_avg"] for i in evaluated} == {
+        r["space_index"]: r["throughput"] for r in rows}
+    assert res.to_dict()["stats"]["cancelled"] is False
+
+    cancel = threading.Event()
+    got: list[dict] = []
+
+    def stop_after_first(stage: str, info: dict) -> None:
+        if stage == "evaluated":
+            got.append(info)
+            cancel.set()
+
+    res = api.search(api.SearchRequest(out_dir=str(tmp_path / "cut"), budget=20, **base),
+                     progress=stop_after_first, cancel=cancel).to_dict()
+    assert res["stats"]["cancelled"] is True
+    assert 1 <= res["evaluated"] == len(got) < 20

@@ -145,8 +145,9 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
 
     Unlike the other calls, a search attaches to Ray itself, as ``archplace search`` does: through
     ``run_search`` to ``req.address`` (None: an embedded local Ray on 127.0.0.1, started unless Ray
-    is already running in this process). ``run_search`` offers no per-architecture hook, so the
-    stages are ``start`` and ``done``, and ``cancel`` is seen only before the search starts.
+    is already running in this process). Stages: ``start``, ``evaluated`` for every finished
+    architecture (index, label, status, across-model throughput), ``done``. ``cancel.set()`` stops the
+    search after the trials in flight; what finished is kept and ``stats["cancelled"]`` is true.
     ``terminal_progress``: ``run_search``'s own progress line on stderr (the CLI's, off by default).
     """
     from ..platform.search import run_search
@@ -160,7 +161,9 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
                      hysteresis=req.hysteresis, area_bucket_mm2=req.area_bucket_mm2,
                      max_failures=req.max_failures, archs_per_trial=req.archs_per_trial,
                      schedule_cache=req.schedule_cache, wait_timeout_s=req.wait_timeout_s,
-                     progress=terminal_progress)
+                     progress=terminal_progress,
+                     on_evaluated=(lambda info: progress("evaluated", info)) if progress else None,
+                     cancel=cancel)
     result = SearchResult.from_dict(res)
     steps.done(evaluated=result.evaluated, failed=result.failed, out_dir=result.out_dir)
     return result

@@ -17,7 +17,9 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +158,48 @@ def _hms(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+# Tune pickles its stopper and callbacks with the experiment state, and a caller's Event or progress
+# function need not pickle: they hold a key into this registry of the driver process instead.
+_DRIVER_OBJECTS: dict[str, Any] = {}
+
+
+def _driver_key(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    key = f"{os.getpid()}-{id(obj)}"
+    _DRIVER_OBJECTS[key] = obj
+    return key
+
+
+def _driver_object(key: str | None) -> Any:
+    from archplace.platform import search   # through the module, so a pickled method captures nothing
+
+    return search._DRIVER_OBJECTS.get(key) if key else None
+
+
+def _cancel_stopper(cancel: threading.Event | None):
+    from ray.tune import Stopper
+
+    class CancelStopper(Stopper):
+        """Ends the experiment once ``cancel`` is set (Tune lets trials in flight finish)."""
+
+        def __init__(self, key: str | None) -> None:
+            self.key = key
+
+        def __call__(self, trial_id, result) -> bool:
+            return False
+
+        def stop_all(self) -> bool:
+            from archplace.platform.search import _driver_object
+
+            ev = _driver_object(self.key)
+            return ev is not None and ev.is_set()
+
+    return CancelStopper(_driver_key(cancel))
+
+
 def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
-                    cache_file, space):
+                    cache_file, space, on_evaluated: Callable[[dict[str, Any]], None] | None = None):
     """A Tune Callback (built lazily so this module imports without Ray) that streams every reported
     architecture into the result store and newly solved slices into the schedule cache, and records
     the architectures a failed trial left unevaluated once the searcher has given up on them."""
@@ -168,6 +210,14 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
 
     settings = SearchSettings.from_dict(meta["settings"])
     counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
+    hook_key = _driver_key(on_evaluated)
+
+    def report(info: dict[str, Any]) -> None:
+        from archplace.platform.search import _driver_object
+
+        hook = _driver_object(hook_key)
+        if hook is not None:
+            hook(info)
 
     class StoreCallback(Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -180,8 +230,14 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
                 counts["solved"] += int(r.get("ilp_solved", 0))
             for rows in by_arch.values():
                 store.add(rows, meta["searcher"])
+                value = float(np.mean([r["throughput"] for r in rows]))
                 if progress:
-                    progress.update(float(np.mean([r["throughput"] for r in rows])))
+                    progress.update(value)
+                if hook_key is not None:
+                    report({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
+                                  "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
+                                  "status": "ok" if all(r.get("status") == "ok" for r in rows) else
+                                  "infeasible"})
             cache_file.append(json.loads(result.get("solved_json") or "{}"))
             store.write_best(meta)
 
@@ -203,6 +259,10 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
                 store.add(rows, meta["searcher"])
                 if progress:
                     progress.update(None, failed=True)
+                if hook_key is not None:
+                    report({"space_index": idx, "arch_key": rows[0]["arch_key"],
+                                  "arch_label": rows[0]["arch_label"], "throughput_avg": None,
+                                  "status": "failed", "error": rows[0]["error"]})
             store.write_best(meta)
 
     cb = StoreCallback()
@@ -229,13 +289,17 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                workers: int | None = None, seed: int = 0, hysteresis: int = 6, area_bucket_mm2: float = 0.01,
                max_failures: int = 2, archs_per_trial: int = 1, schedule_cache: str | Path | None = None,
                wait_timeout_s: float = 600.0, task_timeout_s: float = 1800.0, progress: bool = True,
-               report: bool = True) -> dict[str, Any]:
+               report: bool = True, on_evaluated: Callable[[dict[str, Any]], None] | None = None,
+               cancel: threading.Event | None = None) -> dict[str, Any]:
     """Run (or resume) a search; returns ``best.json``'s content plus run statistics.
 
     One driver per ``out_dir`` (a lock; a second one gets a ValueError). ``retry_failed`` (with
     ``resume``) evaluates the architectures recorded as failed again, before anything new.
     ``wait_timeout_s`` bounds the wait for the cluster's first CPU and the model graphs;
-    ``task_timeout_s`` any one wait of a trial on its tasks.
+    ``task_timeout_s`` any one wait of a trial on its tasks. ``on_evaluated(info)`` is called for
+    every finished architecture (its index, label, status and across-model throughput);
+    ``cancel.set()`` stops the search after the trials in flight (what finished is kept, and a
+    ``--resume`` continues it); the result's ``stats.cancelled`` says so.
     """
     validate(settings, searcher, budget, workers, archs_per_trial)
     if retry_failed and not resume:
@@ -249,7 +313,7 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                            area_bucket_mm2=area_bucket_mm2, max_failures=max_failures,
                            archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
                            wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
-                           report=report)
+                           report=report, on_evaluated=on_evaluated, cancel=cancel)
     finally:
         lock.release()
 
@@ -258,7 +322,8 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                 resume: bool, retry_failed: bool, workers: int | None, seed: int, hysteresis: int,
                 area_bucket_mm2: float, max_failures: int, archs_per_trial: int,
                 schedule_cache: str | Path | None, wait_timeout_s: float, task_timeout_s: float,
-                progress: bool, report: bool) -> dict[str, Any]:
+                progress: bool, report: bool, on_evaluated: Callable[[dict[str, Any]], None] | None = None,
+                cancel: threading.Event | None = None) -> dict[str, Any]:
     store = ResultStore(out)
     meta_new = {"settings": settings.to_dict(), "searcher": searcher, "seed": seed, "hysteresis": hysteresis,
                 "area_bucket_mm2": area_bucket_mm2, "models": list(settings.models),
@@ -327,7 +392,7 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
 
         limiter = AdaptiveLimiter(alg, capacity)
         prog = _Progress(remaining) if progress else None
-        callback = _store_callback(store, meta, prog, alg, cache_file, space)
+        callback = _store_callback(store, meta, prog, alg, cache_file, space, on_evaluated)
         trainable = tune.with_resources(
             tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), graphs=graphs,
                                  cache=cache,
@@ -341,7 +406,7 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                                         num_samples=remaining if searcher == "optuna" else -1,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=f"trials-{int(time.time())}", storage_path=str(out / "tune"),
-                                      verbose=0, callbacks=[callback],
+                                      verbose=0, callbacks=[callback], stop=_cancel_stopper(cancel),
                                       # index searchers retry per architecture themselves
                                       failure_config=tune.FailureConfig(
                                           max_failures=max_failures if searcher == "optuna" else 0)))
@@ -352,6 +417,9 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
             if prog:
                 prog.close()
             c = callback.counts
+            for obj in (cancel, on_evaluated):   # the registry holds them only while Tune runs
+                _DRIVER_OBJECTS.pop(f"{os.getpid()}-{id(obj)}", None)
+            stats["cancelled"] = bool(cancel is not None and cancel.is_set())
             stats["in_flight_limits"] = [lim for _, lim in limiter.history]
             stats["trial_errors"] = c["trial_errors"]
             stats["cache"] = {
