@@ -199,8 +199,8 @@ def test_search_reports_every_architecture_and_cancels_after_the_trials_in_fligh
     short of its budget and keeps what finished."""
     import pyarrow.parquet as pq
 
-    base = dict(models=("bert-base",), accelerators=64, global_batch=256, searcher="grid", schedule="sequential",
-                microbatches=(1,), hbm_gb=(32.0,), workers=1)
+    base = dict(models=("bert-base",), accelerators=64, global_batch=256, searcher="grid",
+                schedule="sequential", microbatches=(1,), hbm_gb=(32.0,), workers=1)
     seen: list[tuple[str, dict]] = []
     res = api.search(api.SearchRequest(out_dir=str(tmp_path / "all"), budget=3, **base),
                      progress=lambda stage, info: seen.append((stage, info)))

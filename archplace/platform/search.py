@@ -172,7 +172,7 @@ def _driver_key(obj: Any) -> str | None:
 
 
 def _driver_object(key: str | None) -> Any:
-    from archplace.platform import search   # through the module, so a pickled method captures nothing
+    from archplace.platform import search  # through the module, so a pickled method captures nothing
 
     return search._DRIVER_OBJECTS.get(key) if key else None
 
