@@ -40,6 +40,8 @@ class PartitionRequest(Request):
     mbs: int = 1
     pretrained: str | None = None   # ppo: start from these weights (.npz from bench/mcm_pretrain.py)
     zero_shot: bool = False         # ppo: sample the pre-trained policy, no updates
+    env_runners: int = 0            # ppo: remote EnvRunner actors that sample (0: in this process)
+    learners: int = 0               # ppo: remote Learner actors (0: in this process)
 
     @property
     def needs_ray(self) -> bool:
@@ -56,6 +58,11 @@ class PartitionRequest(Request):
         check_int("mbs", self.mbs)
         check_optional_str("pretrained", self.pretrained)
         check_bool("zero_shot", self.zero_shot)
+        check_int("env_runners", self.env_runners, low=0)
+        check_int("learners", self.learners, low=0)
+        if self.algo != "ppo" and (self.env_runners or self.learners):
+            raise InvalidRequest("{env_runners} and {learners} apply to {algo} ppo, not " + self.algo,
+                                 "env_runners", "learners", "algo")
         if self.algo != "ppo" and (self.pretrained or self.zero_shot):
             raise InvalidRequest("{pretrained} and {zero_shot} apply to {algo} ppo, not " + self.algo,
                                  "pretrained", "zero_shot", "algo")
@@ -147,8 +154,11 @@ def _ppo(problem, req: PartitionRequest) -> tuple[Any, int, dict[str, Any]]:
     from ..algorithms.rl.mcm_ppo import load_state, rl_search
 
     state, meta = load_state(req.pretrained) if req.pretrained else (None, {})
-    run = rl_search(problem, req.budget, seed=req.seed, init_state=state, train=not req.zero_shot)
+    run = rl_search(problem, req.budget, seed=req.seed, init_state=state, train=not req.zero_shot,
+                    num_env_runners=req.env_runners, num_learners=req.learners)
     details = {"valid_samples": run.trace.valid_samples, "pretrained": req.pretrained,
+               "env_runners": req.env_runners,
+               "env_runner_nodes": run.trace.extra.get("env_runner_nodes", []),
                "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if req.zero_shot else
                ("fine-tuned" if state is not None else "from scratch")}
     return run.trace.best_partition, run.trace.samples, details

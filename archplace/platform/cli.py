@@ -241,7 +241,8 @@ def _connect_if_needed(req, address: str | None) -> None:
 def cmd_partition(args) -> dict[str, Any]:
     req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
                                seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
-                               zero_shot=args.zero_shot)
+                               zero_shot=args.zero_shot, env_runners=args.env_runners,
+                               learners=args.learners)
     _connect_if_needed(req, args.address)
     return api.partition(req).to_dict()
 
@@ -378,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--seed", type=int, default=0)
     pa.add_argument("--address", help="ppo: attach to a running Ray cluster: auto or HOST:PORT "
                                       "(default: an embedded local Ray)")
+    pa.add_argument("--env-runners", type=int, default=0,
+                    help="ppo: remote env runner actors that sample (default 0: in this process)")
+    pa.add_argument("--learners", type=int, default=0,
+                    help="ppo: remote learner actors (default 0: in this process)")
     pa.add_argument("--json", action="store_true")
     pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP DQN)")
     pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")

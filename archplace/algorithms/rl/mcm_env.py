@@ -321,7 +321,8 @@ class MCMPartitionEnv(gym.Env):
         self.valid_samples += in_budget and thr > 0
         self.raw_valid_samples += in_budget and raw_valid
         name = self.names[g]
-        if in_budget and thr > 0 and (name not in self.best or thr > self.best[name][0]):
+        improved = bool(in_budget and thr > 0 and (name not in self.best or thr > self.best[name][0]))
+        if improved:
             self.best[name] = (thr, yr.copy())
         self.history[name].append(self.best[name][0] if name in self.best else 0.0)
         if ok and bool(ev.static_ok[0]):
@@ -329,6 +330,6 @@ class MCMPartitionEnv(gym.Env):
         self._t += 1
         info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
                 "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
-                "graph": name, "round": self._t, "repair_status": status,
-                "repaired_action": self.pad(yr)}
+                "graph": name, "graph_index": g, "round": self._t, "repair_status": status,
+                "improved": improved, "repaired_action": self.pad(yr)}
         return self._obs(), float(reward), self._t >= self.rounds, False, info

@@ -103,12 +103,15 @@ def _bounded_ratio_learner():
 
 def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
               ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
-              e_max: int | None = None):
+              e_max: int | None = None, num_env_runners: int = 0, num_learners: int = 0):
     """A PPO ``Algorithm`` on ``graphs`` (anything :class:`MCMPartitionEnv` takes). ``env``, ``ppo`` and
-    ``model`` override the YAML sections key by key."""
+    ``model`` override the YAML sections key by key. ``num_env_runners`` remote EnvRunner actors
+    sample (0: the driver's own runner); every sampled partition reaches the driver through the
+    :class:`~archplace.algorithms.rl.callbacks.MCMSampleLog` metrics either way."""
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+    from .callbacks import MCMSampleLog
     from .gnn_module import GraphPartitionModule
 
     cfg = load_config()
@@ -130,21 +133,73 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
         PPOConfig()
         .environment(MCMPartitionEnv, env_config=env_cfg)
         .framework("torch")
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=batch)
-        .learners(num_learners=0)
-        .training(**ppo_cfg, learner_class=_bounded_ratio_learner())
+        .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1,
+                     rollout_fragment_length=max(1, batch // max(1, num_env_runners)))
+        .learners(num_learners=num_learners, learner_class=_bounded_ratio_learner())
+        .training(**ppo_cfg)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=GraphPartitionModule, model_config=model_cfg))
         .reporting(metrics_num_episodes_for_smoothing=episodes)
         .debugging(seed=seed)
     )
-    if train_on == "repaired":
-        config = config.callbacks(_repaired_action_callback())
-    return config.build_algo()
+    callbacks = [MCMSampleLog] + ([_repaired_action_callback()] if train_on == "repaired" else [])
+    algo = config.callbacks(callbacks).build_algo()
+    algo.archplace_env_config = env_cfg   # what SampleTracker needs to name graphs and compute baselines
+    return algo
 
 
 def env_of(algo) -> MCMPartitionEnv:
-    """The (single) environment of an algorithm built by :func:`build_ppo`."""
+    """The environment of the driver's own runner (``num_env_runners=0`` only; tests inspect it)."""
+    if algo.env_runner is None or getattr(algo.env_runner, "env", None) is None:
+        raise RuntimeError("the environments run in remote env runners: read SampleTracker, not the env")
     return algo.env_runner.env.unwrapped.envs[0].unwrapped
+
+
+def env_runner_nodes(algo) -> list[str]:
+    """The Ray node id of each remote env runner (empty when sampling runs in this process)."""
+    if algo.config.num_env_runners == 0:
+        return []
+    import ray
+
+    return list(algo.env_runner_group.foreach_env_runner(lambda er: ray.get_runtime_context().get_node_id(),
+                                                         local_env_runner=False))
+
+
+class SampleTracker:
+    """The driver's record of every sampled partition, from the ``MCMSampleLog`` metrics of each
+    result, so searches work with any number of remote env runners: sample count, valid counts, the
+    best-so-far history and best partition per graph. Samples past ``budget`` are not counted."""
+
+    def __init__(self, algo, budget: int | None = None) -> None:
+        cfg = algo.archplace_env_config
+        self.probe = MCMPartitionEnv({**cfg, "sample_budget": None})   # names and greedy baselines
+        self.names = self.probe.names
+        self.budget = budget
+        self.total = 0
+        self.valid_samples = 0
+        self.raw_valid_samples = 0
+        self.history: dict[str, list[float]] = {n: [] for n in self.names}
+        self.best: dict[str, tuple[float, np.ndarray]] = {}
+
+    def update(self, result: dict[str, Any]) -> None:
+        from .callbacks import mcm_records
+
+        samples, improvements = mcm_records(result)
+        counted_best: dict[int, float] = {}
+        for g, thr, raw_valid, _ in samples:
+            self.total += 1
+            if self.budget is not None and self.total > self.budget:
+                continue
+            name = self.names[g]
+            self.valid_samples += thr > 0
+            self.raw_valid_samples += raw_valid
+            if thr > 0 and thr > counted_best.get(g, 0.0):
+                counted_best[g] = thr
+            prev = self.best[name][0] if name in self.best else 0.0
+            self.history[name].append(max(prev, counted_best.get(g, 0.0)))
+        for g, thr, part in improvements:   # the partition of each counted improvement
+            name = self.names[g]
+            if thr == counted_best.get(g) and (name not in self.best or thr > self.best[name][0]):
+                self.best[name] = (thr, part[: self.probe.problems[g].num_nodes].copy())
 
 
 def module_state(algo) -> dict[str, Any]:
@@ -155,24 +210,50 @@ def module_state(algo) -> dict[str, Any]:
 
 
 def load_module_state(algo, state: dict[str, Any]) -> None:
-    """Load ``state`` into the learner and the env runner (the optimizer starts afresh)."""
+    """Load ``state`` into the learner and every env runner (the optimizer starts afresh)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     algo.learner_group.set_weights({DEFAULT_MODULE_ID: state})
-    algo.env_runner.module.set_state(state)
+    if algo.env_runner is not None:
+        algo.env_runner.module.set_state(state)
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
 
 
-def train_samples(algo, samples: int, train: bool = True) -> None:
-    """Run until the env has evaluated ``samples`` partitions: PPO iterations, or (``train=False``)
+def train_samples(algo, samples: int, train: bool = True, tracker: SampleTracker | None = None
+                  ) -> SampleTracker:
+    """Run until ``samples`` more partitions have been evaluated: PPO iterations, or (``train=False``)
     sampling from the current policy without updates (zero-shot)."""
-    env = env_of(algo)
-    target = env.total_samples + samples
-    while env.total_samples < target:
+    tracker = tracker or SampleTracker(algo)
+    target = tracker.total + samples
+    while tracker.total < target:
         if train:
-            algo.train()
+            tracker.update(algo.train())
         else:
-            algo.env_runner.sample(num_timesteps=min(algo.config.train_batch_size_per_learner,
-                                                     target - env.total_samples), explore=True)
+            steps = min(algo.config.train_batch_size_per_learner, target - tracker.total)
+            for res in _sample_only(algo, steps):
+                tracker.update(res)
+    return tracker
+
+
+def _sample_only(algo, steps: int) -> list[dict[str, Any]]:
+    """Sample ``steps`` environment steps with the current policy on every runner, no training; the
+    runners' metrics, shaped as ``algo.train()`` results."""
+    n = algo.config.num_env_runners
+    if n == 0:
+        algo.env_runner.sample(num_timesteps=steps, explore=True)
+        return [{"env_runners": _reduced(algo.env_runner.get_metrics())}]
+    per = max(1, -(-steps // n))
+    metrics = algo.env_runner_group.foreach_env_runner(
+        lambda er: (er.sample(num_timesteps=per, explore=True), er.get_metrics())[1], local_env_runner=False)
+    return [{"env_runners": _reduced(m)} for m in metrics]
+
+
+def _reduced(metrics: dict[str, Any]) -> dict[str, Any]:
+    """An env runner's metrics as plain values (they come back as Stats objects to be merged)."""
+    out = {}
+    for k, v in metrics.items():
+        out[k] = v.peek() if hasattr(v, "peek") else v
+    return out
 
 
 @dataclass
@@ -186,7 +267,8 @@ class RLRun:
 def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: dict | None = None,
               train: bool = True, repair: str = "fix", env: dict | None = None, ppo: dict | None = None,
               model: dict | None = None, method: str | None = None, n_max: int = CORPUS_N_MAX,
-              e_max: int = CORPUS_E_MAX, keep_state: bool = False) -> RLRun:
+              e_max: int = CORPUS_E_MAX, keep_state: bool = False, num_env_runners: int = 0,
+              num_learners: int = 0) -> RLRun:
     """PPO on one graph for ``samples`` evaluated partitions. ``init_state``: start from these module
     weights (fine-tuning, or zero-shot with ``train=False``); ``repair="none"``: RL without the solver
     (invalid -> reward 0). A graph larger than ``n_max`` / ``e_max`` widens the padding (the weights do not
@@ -198,19 +280,21 @@ def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: d
     algo = build_ppo([problem], num_chips=problem.num_chips, seed=seed,
                      env={**(env or {}), "repair": repair, "sample_budget": samples},
                      ppo=ppo, model=model, n_max=max(n_max, problem.num_nodes),
-                     e_max=max(e_max, problem.num_edges))
+                     e_max=max(e_max, problem.num_edges), num_env_runners=num_env_runners,
+                     num_learners=num_learners)
     try:
         if init_state is not None:
             load_module_state(algo, init_state)
-        e = env_of(algo)
-        train_samples(algo, samples, train=train)
+        e = train_samples(algo, samples, train=train, tracker=SampleTracker(algo, budget=samples))
+        nodes = env_runner_nodes(algo)
         hist = np.asarray(e.history[e.names[0]][:samples], dtype=float)
         best = e.best.get(e.names[0])
         state = module_state(algo) if keep_state else None
     finally:
         algo.stop()
     tr = SearchTrace(name, hist, None if best is None else best[1], e.valid_samples, time.perf_counter() - t0,
-                     {"raw_valid_samples": e.raw_valid_samples, "baseline": e.baseline(0)})
+                     {"raw_valid_samples": e.raw_valid_samples, "baseline": e.probe.baseline(0),
+                      "env_runner_nodes": nodes})
     return RLRun(tr, state)
 
 
@@ -264,25 +348,27 @@ def pretrain(train_graphs: Any, validation_graphs: Any, *, total_samples: int, c
     t0 = time.perf_counter()
     algo = build_ppo(train_graphs, num_chips=num_chips, seed=seed, ppo=ppo, model=model, n_max=n_max,
                      e_max=e_max, env={**(env or {}), "select": "round_robin"})
-    env = env_of(algo)
+    rounds = int(algo.archplace_env_config["rounds"])
     val_env = MCMPartitionEnv({"graphs": validation_graphs, "num_chips": num_chips, "n_max": n_max,
-                               "e_max": e_max, "seed": seed + 1, "rounds": env.rounds})
+                               "e_max": e_max, "seed": seed + 1, "rounds": rounds})
     checkpoints: list[tuple[int, float]] = []
     train_reward: list[float] = []
     best = (-1.0, 0, None)
     try:
         next_ckpt = checkpoint_every
-        while env.total_samples < total_samples:
+        done = 0   # sampled partitions so far: one per environment step, on any runner
+        while done < total_samples:
             res = algo.train()
-            train_reward.append(float(res["env_runners"]["episode_return_mean"]) / env.rounds)
-            if env.total_samples >= next_ckpt or env.total_samples >= total_samples:
+            done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+            train_reward.append(float(res["env_runners"]["episode_return_mean"]) / rounds)
+            if done >= next_ckpt or done >= total_samples:
                 next_ckpt += checkpoint_every
                 v = validation_reward(algo, val_env)
-                checkpoints.append((env.total_samples, v))
+                checkpoints.append((done, v))
                 if v > best[0]:
-                    best = (v, env.total_samples, module_state(algo))
+                    best = (v, done, module_state(algo))
                 if log:
-                    log(f"pretrain {env.total_samples}/{total_samples} samples: train reward "
+                    log(f"pretrain {done}/{total_samples} samples: train reward "
                         f"{train_reward[-1]:.3f}, validation {v:.3f} (best {best[0]:.3f} @ {best[1]})")
     finally:
         algo.stop()

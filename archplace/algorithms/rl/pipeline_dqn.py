@@ -30,11 +30,15 @@ def load_config() -> dict[str, Any]:
 
 
 def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
-              dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv):
-    """A DQN ``Algorithm`` on one environment; ``dqn`` / ``model`` override the YAML key by key."""
+              dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv,
+              num_env_runners: int = 0, num_learners: int = 0):
+    """A DQN ``Algorithm``; ``dqn`` / ``model`` override the YAML key by key. ``num_env_runners``
+    remote EnvRunner actors sample (0: the driver's own runner); completed plans reach the driver
+    through :class:`~archplace.algorithms.rl.callbacks.PipelinePlanLog` metrics either way."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+    from .callbacks import PipelinePlanLog
     from .pivot_q_module import PivotQModule
 
     cfg = load_config()
@@ -49,8 +53,9 @@ def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | 
         DQNConfig()
         .environment(env_class, env_config={**env_config, "seed": seed})
         .framework("torch")
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=8)
-        .learners(num_learners=0)
+        .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1, rollout_fragment_length=8)
+        .learners(num_learners=num_learners)
+        .callbacks(PipelinePlanLog)
         .training(**d)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=PivotQModule, model_config=model_cfg))
         .reporting(min_sample_timesteps_per_iteration=64)
@@ -64,8 +69,45 @@ def default_budget(num_stages: int) -> int:
     return int(load_config()["search"]["steps_per_cut"]) * max(1, num_stages - 1)
 
 
-def env_of(algo) -> PipelineCutEnv:
-    return algo.env_runner.env.unwrapped.envs[0].unwrapped
+def current_module(algo):
+    """The Q-module with the learner's current weights, in this process, wherever the env runners and
+    learners live (the local runner's copy, or one fetched from a remote runner)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    module = algo.get_module()
+    module.set_state(algo.learner_group.get_weights()[DEFAULT_MODULE_ID])
+    return module
+
+
+def set_module_weights(algo, state: dict[str, Any]) -> None:
+    """Load weights into the learners and every env runner."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    algo.learner_group.set_weights({DEFAULT_MODULE_ID: state})
+    if algo.env_runner is not None:
+        algo.env_runner.module.set_state(state)
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
+
+
+class PlanTracker:
+    """Best plan, plan count and best-so-far history from the plans each iteration reports (the
+    ``PipelinePlanLog`` metrics), so it works with any number of remote env runners."""
+
+    def __init__(self) -> None:
+        self.best_cuts: np.ndarray | None = None
+        self.best_length_s = np.inf
+        self.best_oom = True
+        self.plans = 0
+        self.history: list[float] = []
+
+    def update(self, result: dict[str, Any]) -> None:
+        from .callbacks import plans_of
+
+        for length, oom, cuts in plans_of(result):
+            self.plans += 1
+            if (oom, length) < (self.best_oom, self.best_length_s):
+                self.best_oom, self.best_length_s, self.best_cuts = oom, length, cuts
+            self.history.append(self.best_length_s if not self.best_oom else np.inf)
 
 
 def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
@@ -73,7 +115,7 @@ def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
     import torch
     from ray.rllib.core.columns import Columns
 
-    module = algo.env_runner.module
+    module = current_module(algo)
     obs, _ = env.reset()
     done = False
     while not done:
@@ -103,35 +145,39 @@ class DQNSearch:
 
 def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
                seed: int = 0, radius: int = 3, dqn: dict | None = None, model: dict | None = None,
-               keep_state: bool = False) -> DQNSearch:
-    """Train the DQN from scratch for ``budget_steps`` environment steps (online training, §9)."""
+               keep_state: bool = False, num_env_runners: int = 0, num_learners: int = 0) -> DQNSearch:
+    """Train the DQN from scratch for ``budget_steps`` environment steps (online training, §9), on
+    ``num_env_runners`` remote env runners (0: in this process) and ``num_learners`` learners."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from ...simulators.pipeline import evaluate
+    from ..solvers.pipeline_exact import candidate_pivots
 
     if budget_steps < 1:
         raise ValueError(f"budget must be >= 1 environment steps, got {budget_steps}")
     t0 = time.perf_counter()
-    env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius}
-    algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model)
+    cand = candidate_pivots(profile, cluster, num_stages, radius)
+    env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius,
+               "candidates": cand}
+    algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model,
+                     num_env_runners=num_env_runners, num_learners=num_learners)
+    track = PlanTracker()
     try:
-        env = env_of(algo)
         steps = 0
         while steps < budget_steps:
             res = algo.train()
+            track.update(res)
             steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-        probe = PipelineCutEnv({**env_cfg, "candidates": env.cand})
-        g = greedy_plan(algo, probe)
+        g = greedy_plan(algo, PipelineCutEnv(env_cfg))
         r = evaluate(profile, cluster, g[None, :])
         state = algo.learner_group.get_weights()[DEFAULT_MODULE_ID] if keep_state else None
     finally:
         algo.stop()
-    best_cuts, best_len, best_oom = env.best_cuts, env.best_length_s, env.best_oom
+    best_cuts, best_len, best_oom = track.best_cuts, track.best_length_s, track.best_oom
     if (bool(r.oom[0]), float(r.length_s[0])) < (best_oom, best_len):
         best_cuts, best_len, best_oom = g, float(r.length_s[0]), bool(r.oom[0])
     return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(r.length_s[0]), bool(r.oom[0]),
-                     steps, env.plans_evaluated, time.perf_counter() - t0, np.asarray(env.history),
-                     state)
+                     steps, track.plans, time.perf_counter() - t0, np.asarray(track.history), state)
 
 
 # ---------------------------------------------------------------------- online inference (spec §10)
@@ -194,7 +240,6 @@ def pretrained_plan(state: dict[str, Any], profile: PipelineProfile, cluster: Cl
                     *, finetune_steps: int = 0, seed: int = 0) -> PretrainedPlan:
     """Plan with pre-trained weights: the greedy plan on the model's coarse profile (zero-shot), after
     ``finetune_steps`` of further DQN training on it when > 0. Scored on the real profile."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
 
     from ...simulators.pipeline import coarse_to_real_pivots, evaluate
 
@@ -203,8 +248,7 @@ def pretrained_plan(state: dict[str, Any], profile: PipelineProfile, cluster: Cl
     dqn = {"epsilon_start": 0.3} if finetune_steps else None
     algo = build_dqn(env_cfg, seed=seed, budget_steps=max(finetune_steps, 1), dqn=dqn)
     try:
-        algo.learner_group.set_weights({DEFAULT_MODULE_ID: state})
-        algo.env_runner.module.set_state(state)
+        set_module_weights(algo, state)
         steps = 0
         while steps < finetune_steps:
             res = algo.train()

@@ -1,0 +1,71 @@
+"""RLlib callbacks that carry the placers' bookkeeping through the metrics, wherever the
+environments run.
+
+With ``num_env_runners > 0`` the environments live in remote EnvRunner actors and the driver's
+local runner has none, so nothing may be read off an environment object. Instead every completed
+plan is logged at episode end as an ``item_series`` metric; RLlib gathers the series of all runners
+into the iteration's result, and the driver keeps the best plan, the count and the history from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+PLANS_KEY = "plans"          # [length_s, oom, *cuts] per completed pipeline plan
+DEAD_ENDS_KEY = "dead_ends"  # episodes that ended with no open pivot
+
+
+class PipelinePlanLog(RLlibCallback):
+    def on_episode_end(self, *, episode, metrics_logger=None, **kwargs: Any) -> None:
+        info = episode.get_infos(-1)
+        if metrics_logger is None or not isinstance(info, dict):
+            return
+        if "length_s" in info:
+            metrics_logger.log_value(PLANS_KEY, [float(info["length_s"]), float(bool(info["oom"])),
+                                                 *(float(c) for c in info["cuts"])], reduce="item_series")
+        elif info.get("dead_end"):
+            metrics_logger.log_value(DEAD_ENDS_KEY, 1, reduce="sum")
+
+
+def plans_of(result: dict[str, Any]) -> list[tuple[float, bool, np.ndarray]]:
+    """The plans one ``algo.train()`` result reports: (L, oom, cuts) each."""
+    series = result.get("env_runners", {}).get(PLANS_KEY)
+    if series is None:
+        return []
+    out = []
+    for row in series:
+        row = list(row)
+        out.append((float(row[0]), bool(row[1]), np.asarray(row[2:], dtype=np.int64)))
+    return out
+
+
+MCM_SAMPLES_KEY = "mcm_samples"   # [graph, throughput, raw_valid, repaired_valid] per sampled partition
+MCM_BEST_KEY = "mcm_best"         # [graph, throughput, *partition] when a runner's env improves its best
+
+
+class MCMSampleLog(RLlibCallback):
+    def on_episode_step(self, *, episode, metrics_logger=None, **kwargs: Any) -> None:
+        info = episode.get_infos(-1)
+        if metrics_logger is None or not isinstance(info, dict) or "throughput" not in info:
+            return
+        g = float(info["graph_index"])
+        metrics_logger.log_value(MCM_SAMPLES_KEY, [g, float(info["throughput"]), float(info["raw_valid"]),
+                                                   float(info["repaired_valid"])], reduce="item_series")
+        if info.get("improved"):
+            metrics_logger.log_value(MCM_BEST_KEY, [g, float(info["throughput"]),
+                                                    *(float(c) for c in info["repaired_action"])],
+                                     reduce="item_series")
+
+
+def mcm_records(result: dict[str, Any]) -> tuple[list[tuple[int, float, bool, bool]],
+                                                   list[tuple[int, float, np.ndarray]]]:
+    """(samples, improvements) one result reports: (graph, throughput, raw_valid, repaired_valid) per
+    sample and (graph, throughput, padded partition) per improvement of some runner's incumbent."""
+    er = result.get("env_runners", {})
+    samples = [(int(r[0]), float(r[1]), bool(r[2]), bool(r[3])) for r in er.get(MCM_SAMPLES_KEY) or []]
+    best = [(int(r[0]), float(r[1]), np.asarray(list(r)[2:], dtype=np.int64))
+            for r in er.get(MCM_BEST_KEY) or []]
+    return samples, best
