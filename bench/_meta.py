@@ -17,7 +17,12 @@ def git_state() -> dict:
                                   text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    changed = [ln[3:] for ln in run("status", "--porcelain").splitlines() if ln.strip()]
+    try:   # not stripped: each porcelain line starts with its two status columns, maybe blank
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        status = ""
+    changed = [ln[3:] for ln in status.splitlines() if ln.strip()]
     # the files that differ from the commit, so a reader can see whether they touch what was measured
     return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(changed), "dirty_files": changed}
 
