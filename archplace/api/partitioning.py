@@ -42,6 +42,7 @@ class PartitionRequest(Request):
     zero_shot: bool = False         # ppo: sample the pre-trained policy, no updates
     env_runners: int = 0            # ppo: remote EnvRunner actors that sample (0: in this process)
     learners: int = 0               # ppo: remote Learner actors (0: in this process)
+    config: str | None = None       # ppo: YAML overriding mcm_ppo.yaml's ppo/model/env keys (tune-rl's best)
 
     @property
     def needs_ray(self) -> bool:
@@ -60,9 +61,13 @@ class PartitionRequest(Request):
         check_bool("zero_shot", self.zero_shot)
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
-        if self.algo != "ppo" and (self.env_runners or self.learners):
-            raise InvalidRequest("{env_runners} and {learners} apply to {algo} ppo, not " + self.algo,
-                                 "env_runners", "learners", "algo")
+        check_optional_str("config", self.config)
+        if self.config and not os.path.exists(self.config):
+            raise invalid("config", f"{self.config} does not exist "
+                                    "(archplace tune-rl mcm writes best_config.yaml)")
+        if self.algo != "ppo" and (self.env_runners or self.learners or self.config):
+            raise InvalidRequest("{env_runners}, {learners} and {config} apply to {algo} ppo, not "
+                                 + self.algo, "env_runners", "learners", "config", "algo")
         if self.algo != "ppo" and (self.pretrained or self.zero_shot):
             raise InvalidRequest("{pretrained} and {zero_shot} apply to {algo} ppo, not " + self.algo,
                                  "pretrained", "zero_shot", "algo")
@@ -154,10 +159,14 @@ def _ppo(problem, req: PartitionRequest) -> tuple[Any, int, dict[str, Any]]:
     from ..algorithms.rl.mcm_ppo import load_state, rl_search
 
     state, meta = load_state(req.pretrained) if req.pretrained else (None, {})
+    from ..algorithms.rl.placer_config import load_placer_config
+
+    cfg = load_placer_config(req.config, "ppo")
     run = rl_search(problem, req.budget, seed=req.seed, init_state=state, train=not req.zero_shot,
-                    num_env_runners=req.env_runners, num_learners=req.learners)
+                    num_env_runners=req.env_runners, num_learners=req.learners, ppo=cfg.get("ppo"),
+                    model=cfg.get("model"), env=cfg.get("env"))
     details = {"valid_samples": run.trace.valid_samples, "pretrained": req.pretrained,
-               "env_runners": req.env_runners,
+               "env_runners": req.env_runners, "config": req.config,
                "env_runner_nodes": run.trace.extra.get("env_runner_nodes", []),
                "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if req.zero_shot else
                ("fine-tuned" if state is not None else "from scratch")}

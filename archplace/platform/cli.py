@@ -242,7 +242,7 @@ def cmd_partition(args) -> dict[str, Any]:
     req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
                                seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
                                zero_shot=args.zero_shot, env_runners=args.env_runners,
-                               learners=args.learners)
+                               learners=args.learners, config=args.config)
     _connect_if_needed(req, args.address)
     return api.partition(req).to_dict()
 
@@ -283,11 +283,35 @@ def print_pipeline(res: dict[str, Any]) -> None:
     print(f"  memory       {res['memory_gib']} GiB per GPU")
 
 
+def cmd_tune_rl(args) -> dict[str, Any]:
+    import time as _time
+
+    from archplace.platform.search import connect
+    from archplace.platform.tune_rl import tune_rl
+
+    case = {k: v for k, v in (("model", args.model), ("cluster", args.cluster), ("chiplets", args.chiplets),
+                              ("seq", args.seq)) if v is not None}
+    out = args.out or f"runs/tune-rl-{args.placer}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    if args.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    connect(args.address)
+    return tune_rl(args.placer, scheduler=args.scheduler, samples=args.samples, iterations=args.iterations,
+                   out=out, seed=args.seed, case=case)
+
+
+def print_tune_rl(res: dict[str, Any]) -> None:
+    print(f"tune-rl {res['placer']} [{res['scheduler']}]: {res['trials']} trials on {res['case']}, "
+          f"{res['stopped_early']} stopped early, {res['wall_s']:.0f} s")
+    print(f"  best         {res['best_config']}  ({res['metric']} {res['best_last']:.4f})")
+    out = res["out"]
+    print(f"  results      {out}/trials.parquet, {out}/best_config.yaml, {out}/report.md")
+
+
 COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_graph),
             "estimate": (cmd_estimate, print_estimate), "place": (cmd_place, print_place),
             "solve-dp": (cmd_solve_dp, print_solve_dp), "search": (cmd_search, print_search),
             "report": (cmd_report, print_report), "partition": (cmd_partition, print_partition),
-            "pipeline": (cmd_pipeline, print_pipeline)}
+            "pipeline": (cmd_pipeline, print_pipeline), "tune-rl": (cmd_tune_rl, print_tune_rl)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -383,6 +407,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ppo: remote env runner actors that sample (default 0: in this process)")
     pa.add_argument("--learners", type=int, default=0,
                     help="ppo: remote learner actors (default 0: in this process)")
+    pa.add_argument("--config", default=None,
+                    help="ppo: YAML overriding mcm_ppo.yaml keys (tune-rl mcm writes best_config.yaml)")
+    tr = sub.add_parser("tune-rl", help="Ray Tune sweep (ASHA / PBT) of an RL placer's hyperparameters")
+    tr.add_argument("placer", choices=("mcm", "pipeline"))
+    tr.add_argument("--scheduler", choices=("asha", "pbt", "fifo"), default="asha")
+    tr.add_argument("--samples", type=int, default=8, help="trials")
+    tr.add_argument("--iterations", type=int, default=None, help="most training iterations a trial runs "
+                                                                  "(default: tune_configs/rl_tune.yaml)")
+    tr.add_argument("--model", default=None, help="the case to train on (default: rl_tune.yaml's)")
+    tr.add_argument("--cluster", default=None, help="pipeline: V100 cluster A, B or C")
+    tr.add_argument("--chiplets", type=int, default=None, help="mcm: chiplets")
+    tr.add_argument("--seq", type=int, default=None, help="mcm: sequence length")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", default=None, help="result directory (default runs/tune-rl-PLACER-TIMESTAMP)")
+    tr.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT "
+                                      "(default: an embedded local Ray)")
+    tr.add_argument("--json", action="store_true")
     pa.add_argument("--json", action="store_true")
     pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP DQN)")
     pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")

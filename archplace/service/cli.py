@@ -41,8 +41,8 @@ def add_parser(sub) -> None:
         help="bearer tokens per owner (default), or none (127.0.0.1 only)",
     )
     s.add_argument("--replicas", type=int, default=1)
-    s.add_argument("--max-ongoing-requests", type=int, default=32)
-    s.add_argument("--max-queued-requests", type=int, default=256)
+    s.add_argument("--max-ongoing-requests", type=int, default=128)
+    s.add_argument("--max-queued-requests", type=int, default=512)
     s.add_argument("--json", action="store_true", help="print one JSON line once the service is up")
     tsub = s.add_subparsers(dest="serve_command")
     tok = tsub.add_parser("token", help="create or revoke an owner's bearer tokens")

@@ -33,8 +33,8 @@ class ServeConfig:
     port: int = 8000
     auth: str = "token"
     replicas: int = 1
-    max_ongoing_requests: int = 32
-    max_queued_requests: int = 256
+    max_ongoing_requests: int = 128
+    max_queued_requests: int = 512
     retry_after_s: int = 2
     max_running_operations: int | None = None  # default: the cluster's CPUs
 

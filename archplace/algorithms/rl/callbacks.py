@@ -30,13 +30,21 @@ class PipelinePlanLog(RLlibCallback):
             metrics_logger.log_value(DEAD_ENDS_KEY, 1, reduce="sum")
 
 
-def plans_of(result: dict[str, Any]) -> list[tuple[float, bool, np.ndarray]]:
-    """The plans one ``algo.train()`` result reports: (L, oom, cuts) each."""
-    series = result.get("env_runners", {}).get(PLANS_KEY)
+def _items(series: Any) -> list[list[float]]:
+    """The logged rows of an ``item_series`` metric: a list of rows, or a single row when only one
+    was logged in the iteration (RLlib then reports the item itself)."""
     if series is None:
         return []
+    series = list(series)
+    if series and not hasattr(series[0], "__len__"):
+        return [series]
+    return [list(r) for r in series]
+
+
+def plans_of(result: dict[str, Any]) -> list[tuple[float, bool, np.ndarray]]:
+    """The plans one ``algo.train()`` result reports: (L, oom, cuts) each."""
     out = []
-    for row in series:
+    for row in _items(result.get("env_runners", {}).get(PLANS_KEY)):
         row = list(row)
         out.append((float(row[0]), bool(row[1]), np.asarray(row[2:], dtype=np.int64)))
     return out
@@ -65,7 +73,6 @@ def mcm_records(result: dict[str, Any]) -> tuple[list[tuple[int, float, bool, bo
     """(samples, improvements) one result reports: (graph, throughput, raw_valid, repaired_valid) per
     sample and (graph, throughput, padded partition) per improvement of some runner's incumbent."""
     er = result.get("env_runners", {})
-    samples = [(int(r[0]), float(r[1]), bool(r[2]), bool(r[3])) for r in er.get(MCM_SAMPLES_KEY) or []]
-    best = [(int(r[0]), float(r[1]), np.asarray(list(r)[2:], dtype=np.int64))
-            for r in er.get(MCM_BEST_KEY) or []]
+    samples = [(int(r[0]), float(r[1]), bool(r[2]), bool(r[3])) for r in _items(er.get(MCM_SAMPLES_KEY))]
+    best = [(int(r[0]), float(r[1]), np.asarray(r[2:], dtype=np.int64)) for r in _items(er.get(MCM_BEST_KEY))]
     return samples, best

@@ -101,9 +101,17 @@ def _bounded_ratio_learner():
     return BoundedRatioPPOLearner
 
 
-def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
-              ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
-              e_max: int | None = None, num_env_runners: int = 0, num_learners: int = 0):
+def build_ppo(graphs: Any, **kw: Any):
+    """:func:`ppo_config` built into an ``Algorithm``."""
+    config = ppo_config(graphs, **kw)
+    algo = config.build_algo()
+    algo.archplace_env_config = config.env_config   # what SampleTracker needs to name graphs and baselines
+    return algo
+
+
+def ppo_config(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | None = None,
+               ppo: dict | None = None, model: dict | None = None, n_max: int | None = None,
+               e_max: int | None = None, num_env_runners: int = 0, num_learners: int = 0):
     """A PPO ``Algorithm`` on ``graphs`` (anything :class:`MCMPartitionEnv` takes). ``env``, ``ppo`` and
     ``model`` override the YAML sections key by key. ``num_env_runners`` remote EnvRunner actors
     sample (0: the driver's own runner); every sampled partition reaches the driver through the
@@ -142,9 +150,7 @@ def build_ppo(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | No
         .debugging(seed=seed)
     )
     callbacks = [MCMSampleLog] + ([_repaired_action_callback()] if train_on == "repaired" else [])
-    algo = config.callbacks(callbacks).build_algo()
-    algo.archplace_env_config = env_cfg   # what SampleTracker needs to name graphs and compute baselines
-    return algo
+    return config.callbacks(callbacks)
 
 
 def env_of(algo) -> MCMPartitionEnv:

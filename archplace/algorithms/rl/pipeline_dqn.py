@@ -29,9 +29,14 @@ def load_config() -> dict[str, Any]:
     return yaml.safe_load(resources.files("archplace.tune_configs").joinpath(CONFIG_FILE).read_text())
 
 
-def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
-              dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv,
-              num_env_runners: int = 0, num_learners: int = 0):
+def build_dqn(env_config: dict[str, Any], **kw: Any):
+    """:func:`dqn_config` built into an ``Algorithm``."""
+    return dqn_config(env_config, **kw).build_algo()
+
+
+def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
+               dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv,
+               num_env_runners: int = 0, num_learners: int = 0):
     """A DQN ``Algorithm``; ``dqn`` / ``model`` override the YAML key by key. ``num_env_runners``
     remote EnvRunner actors sample (0: the driver's own runner); completed plans reach the driver
     through :class:`~archplace.algorithms.rl.callbacks.PipelinePlanLog` metrics either way."""
@@ -61,7 +66,7 @@ def build_dqn(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | 
         .reporting(min_sample_timesteps_per_iteration=64)
         .debugging(seed=seed)
     )
-    return config.build_algo()
+    return config
 
 
 def default_budget(num_stages: int) -> int:

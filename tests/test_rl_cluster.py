@@ -1,0 +1,46 @@
+"""Both RL placers train with two remote env runners on a real two-node Ray cluster (``ray start`` head
+and worker on 127.0.0.1, token auth), attached through ``--address`` as a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from cluster_util import REPO_ROOT, ray_executable, two_node_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if ray_executable() is None:
+        pytest.skip("the `ray` executable is not installed")
+    # one CPU a node: each node must host one of the two env runners (one CPU each)
+    with two_node_cluster(tmp_path_factory.mktemp("rl-cluster"), head_cpus=1, worker_cpus=1) as c:
+        yield c
+
+
+def _cli(cluster, *args: str, timeout: float = 600) -> dict:
+    out = subprocess.run([sys.executable, "-m", "archplace.platform.cli", *args, "--address",
+                          cluster.gcs_address, "--json"], cwd=REPO_ROOT, env=cluster.env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-4000:] + cluster.logs()
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster):
+    res = _cli(cluster, "partition", "bert-base", "--seq", "128", "--chiplets", "8", "--algo", "ppo",
+               "--budget", "40", "--env-runners", "2")
+    assert res["samples"] == 40 and res["valid"] and res["valid_samples"] == 40
+    assert res["throughput"] >= res["greedy_throughput"] > 0
+    assert sorted(res["env_runner_nodes"]) == sorted([cluster.head_node_id, cluster.worker_node_id])
+
+
+def test_dqn_trains_with_two_env_runners_on_two_nodes(cluster):
+    res = _cli(cluster, "pipeline", "bert-48", "--cluster", "B", "--algo", "rainbow", "--budget", "200",
+               "--env-runners", "2")
+    assert res["env_steps"] >= 200 and res["plans_evaluated"] >= 100
+    assert res["feasible"] and res["gap"] is not None and res["gap"] >= -1e-9
+    assert sorted(res["env_runner_nodes"]) == sorted([cluster.head_node_id, cluster.worker_node_id])

@@ -1,0 +1,53 @@
+"""``archplace tune-rl``: a short ASHA sweep over the pipeline DQN stops trials early, and its best
+config is a YAML the placers read back (``--config``)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from archplace.platform.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    rc = main(["tune-rl", "pipeline", "--scheduler", "asha", "--samples", "4", "--iterations", "6",
+               "--model", "bert-base", "--cluster", "A", "--out", str(out), "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = pq.read_table(out / "trials.parquet").to_pylist()
+    assert res["trials"] == len(rows) == 4 and not any(r["error"] for r in rows)
+    # ASHA (grace 1 iteration, reduction factor 2) stops the worse trials at its rungs
+    assert res["stopped_early"] >= 1 and sum(r["iterations"] < 6 for r in rows) == res["stopped_early"]
+    assert max(r["iterations"] for r in rows) == 6
+    best = yaml.safe_load((out / "best_config.yaml").read_text())
+    assert set(best) == {"dqn"} and set(best["dqn"]) == {"lr", "gamma", "training_intensity", "num_atoms"}
+    survivors = [r for r in rows if r["iterations"] == 6]
+    top = max(survivors, key=lambda r: r["last"])
+    assert best["dqn"]["lr"] == pytest.approx(top["lr"]) and best["dqn"]["gamma"] == top["gamma"]
+    assert (out / "report.md").read_text().startswith("# tune-rl pipeline (asha)")
+
+    from archplace.algorithms.rl.placer_config import load_placer_config
+
+    assert load_placer_config(str(out / "best_config.yaml"), "dqn")["dqn"] == best["dqn"]
+    with pytest.raises(ValueError, match="unknown section"):
+        (tmp_path / "bad.yaml").write_text("dqn: {}\nppo: {}\n")
+        load_placer_config(str(tmp_path / "bad.yaml"), "dqn")
+
+
+def test_partition_reads_a_config(ray_session, tmp_path, capsys):
+    cfg = tmp_path / "best.yaml"
+    cfg.write_text(yaml.safe_dump({"ppo": {"lr": 5.0e-3, "num_epochs": 2}, "model": {"hidden": 16,
+                                                                                      "num_layers": 2}}))
+    rc = main(["partition", "bert-base", "--seq", "128", "--chiplets", "8", "--algo", "ppo", "--budget", "16",
+               "--config", str(cfg), "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["config"] == str(cfg) and res["samples"] == 16 and res["valid"]
+    assert main(["partition", "bert-base", "--algo", "sa", "--config", str(cfg)]) == 2
+    assert "apply to --algo ppo" in capsys.readouterr().err
