@@ -2,7 +2,7 @@
 64 concurrent clients, and managed-evaluation throughput, fresh and cached.
 
 The bench starts the real service itself: an embedded Ray (``platform.search.connect(None)``, all the
-machine's CPUs), Ray Serve on 127.0.0.1 with its defaults (one replica, 32 requests in flight, 256
+machine's CPUs), Ray Serve on 127.0.0.1 with its defaults (one replica, 128 requests in flight, 512
 queued), a SQLite database in a temporary directory, and token auth with one token. Clients are
 threads in this process, each with its own ``archplace.client.Client`` (its own HTTP connection) and
 its own ``client_id``, so client-side Python is part of what is measured, as it is for a user.
