@@ -1,5 +1,7 @@
-"""Pipeline cuts of a model on V100 servers (``archplace pipeline``, Auto-MAP): the Rainbow-style DQN
-or the pre-trained agent (both on Ray), or exact enumeration, each scored against the optimum."""
+"""Pipeline cuts of a model on V100 servers (``archplace pipeline``, Auto-MAP): the exact optimum over
+every contiguous cut set by dynamic programming (the default), or, over the pruned candidate pivots, the
+Rainbow-style DQN or the pre-trained agent (both on Ray) or exact enumeration, each scored against the
+pruned optimum."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._common import (
+    InvalidRequest,
     ProgressFn,
     Request,
     Result,
@@ -23,7 +26,7 @@ from ._common import (
     require_ray,
 )
 
-PIPELINE_ALGOS = ("rainbow", "pretrained", "exact")
+PIPELINE_ALGOS = ("dp", "rainbow", "pretrained", "exact")
 CLUSTERS = ("A", "B", "C")      # 2, 3 or 4 servers of 8 V100
 
 
@@ -32,16 +35,19 @@ class PipelineRequest(Request):
     model: str                      # preset name, e.g. bert-48, t5-3b
     cluster: str = "C"              # A, B or C: 2, 3 or 4 servers of 8 V100
     stages: int | None = None       # K (None: the number of servers)
-    algo: str = "rainbow"           # rainbow, pretrained (both need a running Ray), exact
+    algo: str = "dp"                # dp (unpruned), rainbow, pretrained (both need a running Ray), exact
     budget: int | None = None       # rainbow: environment steps (None: 1300 per cut)
     seed: int = 0
     finetune: int = 0               # pretrained: fine-tuning steps (0: zero-shot)
-    radius: int = 3                 # pruning radius (devices) around server boundaries
+    radius: int = 3                 # rainbow, pretrained, exact: pruning radius (devices) around server
+    #                                 boundaries (dp ranges over every cut set)
     pretrained: str | None = None   # pretrained: weights .npz (None: the package's)
+    env_runners: int = 0            # rainbow: remote EnvRunner actors that sample (0: in this process)
+    learners: int = 0               # rainbow: remote Learner actors (0: in this process)
 
     @property
     def needs_ray(self) -> bool:
-        return self.algo != "exact"
+        return self.algo in ("rainbow", "pretrained")
 
     @property
     def num_stages(self) -> int:
@@ -71,6 +77,11 @@ class PipelineRequest(Request):
         if not (is_int(self.radius) and self.radius >= 0):
             raise invalid("radius", f"must be >= 0 devices, got {self.radius!r}")
         check_optional_str("pretrained", self.pretrained)
+        check_int("env_runners", self.env_runners, low=0)
+        check_int("learners", self.learners, low=0)
+        if self.algo != "rainbow" and (self.env_runners or self.learners):
+            raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
+                                 "env_runners", "learners", "algo")
         if self.algo == "pretrained" and not os.path.exists(self.weights()):
             raise invalid("pretrained", f"{self.weights()} does not exist "
                                         "(bench/pipeline.py --pretrain-steps N writes it)")
@@ -86,7 +97,9 @@ class PipelineResult(Result):
     forward_ops: int
     optimizer: str
     recompute: bool
-    optimum: dict[str, Any]         # the exact optimum's plan, with evaluated and wall_s
+    optimum: dict[str, Any]         # the exact optimum's plan, with evaluated and wall_s (dp: over every
+    #                                 contiguous cut set, evaluated = DP states; else: over the pruned
+    #                                 candidates, evaluated = plans enumerated)
     plan: dict[str, Any]            # the chosen plan: cuts, cut_ops, cut_layers, device_cuts, devices,
     #                                 length_s, oom, memory_gib, stage_time_s, transfer_s, allreduce_s
     details: dict[str, Any] = field(default_factory=dict)  # per algo: env_steps, greedy, pretrained, ...
@@ -115,7 +128,8 @@ class PipelineResult(Result):
 def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
              cancel: threading.Event | None = None) -> PipelineResult:
     """Pipeline cuts of a model on V100 servers. Stages: ``profile``, ``optimum``, ``search`` (rainbow and
-    pretrained), ``done``. The DQN algorithms raise RuntimeError unless Ray is running."""
+    pretrained), ``done``. The DQN algorithms raise RuntimeError unless Ray is running. ``dp`` returns the
+    optimum over every contiguous cut set (no pruning): its plan is its optimum, gap 0."""
     from ..algorithms.rl.pipeline_plan import cluster_of, describe, gap, model_profile, optimum
 
     req.validate()
@@ -127,17 +141,30 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
     t0 = time.perf_counter()
     prof = model_profile(req.model)
     steps.stage("profile", forward_ops=prof.num_ops)
-    opt = optimum(prof, cl, k, req.radius)
+    if req.algo == "dp":
+        from ..algorithms.solvers.pipeline_dp import solve_dp
+
+        opt = solve_dp(prof, cl, k)
+    else:
+        opt = optimum(prof, cl, k, req.radius)
     steps.stage("optimum", length_s=opt.length_s, evaluated=opt.evaluated)
-    if req.algo == "exact":
+    space = {"space": "all contiguous cut sets (unpruned)" if req.algo == "dp"
+             else f"pruned candidates (radius {req.radius})"}
+    if req.algo == "dp":
+        cuts = opt.cuts
+        space.update(subproblems=opt.subproblems, boxes=opt.boxes, proven_optimal=opt.optimal)
+        details = {"dp_wall_s": opt.wall_s, "dp_states": opt.evaluated}
+    elif req.algo == "exact":
         cuts, details = opt.cuts, {"evaluated": opt.evaluated}
     else:
         from ..algorithms.rl.pipeline_dqn import default_budget, dqn_search, load_state, pretrained_plan
 
         if req.algo == "rainbow":
-            run = dqn_search(prof, cl, k, req.budget or default_budget(k), seed=req.seed, radius=req.radius)
+            run = dqn_search(prof, cl, k, req.budget or default_budget(k), seed=req.seed, radius=req.radius,
+                             num_env_runners=req.env_runners, num_learners=req.learners)
             cuts = run.best_cuts
             details = {"env_steps": run.env_steps, "plans_evaluated": run.plans,
+                       "env_runners": req.env_runners, "env_runner_nodes": run.env_runner_nodes,
                        "greedy": describe(prof, cl, run.greedy_cuts)}
         else:
             state, meta = load_state(req.weights())
@@ -151,7 +178,7 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
     res = PipelineResult(
         model=req.model, cluster=req.cluster, gpus=cl.num_devices, stages=k, algo=req.algo,
         forward_ops=prof.num_ops, optimizer=prof.setup.optimizer, recompute=prof.setup.recompute,
-        optimum={**best, "evaluated": opt.evaluated, "wall_s": opt.wall_s},
+        optimum={**best, "evaluated": opt.evaluated, "wall_s": opt.wall_s, **space},
         plan=plan, details=details, optimal_length_s=best["length_s"],
         feasible=not plan["oom"], gap=gap(plan["length_s"], opt.length_s) if not opt.oom else None,
         wall_s=time.perf_counter() - t0)

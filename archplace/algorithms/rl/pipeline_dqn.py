@@ -146,6 +146,7 @@ class DQNSearch:
     wall_s: float
     history: np.ndarray  # best feasible L after each evaluated plan
     state: dict[str, Any] | None = field(default=None, repr=False)
+    env_runner_nodes: list[str] = field(default_factory=list)   # Ray node of each remote env runner
 
 
 def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
@@ -176,13 +177,17 @@ def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budg
         g = greedy_plan(algo, PipelineCutEnv(env_cfg))
         r = evaluate(profile, cluster, g[None, :])
         state = algo.learner_group.get_weights()[DEFAULT_MODULE_ID] if keep_state else None
+        from .mcm_ppo import env_runner_nodes
+
+        nodes = env_runner_nodes(algo)
     finally:
         algo.stop()
     best_cuts, best_len, best_oom = track.best_cuts, track.best_length_s, track.best_oom
     if (bool(r.oom[0]), float(r.length_s[0])) < (best_oom, best_len):
         best_cuts, best_len, best_oom = g, float(r.length_s[0]), bool(r.oom[0])
     return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(r.length_s[0]), bool(r.oom[0]),
-                     steps, track.plans, time.perf_counter() - t0, np.asarray(track.history), state)
+                     steps, track.plans, time.perf_counter() - t0, np.asarray(track.history), state,
+                     nodes)
 
 
 # ---------------------------------------------------------------------- online inference (spec §10)
