@@ -134,7 +134,8 @@ P = api.PlaceRequest
     (api.PartitionRequest("bert-base", algo="ppo", zero_shot=True), "zero_shot needs pretrained"),
     (api.PipelineRequest("bert-base", cluster="D"), "cluster must be one of ['A', 'B', 'C'], got 'D'"),
     (api.PipelineRequest("bert-base", cluster="A", stages=9), "stages must be in [2, 8], got 9"),
-    (api.PipelineRequest("bert-base", algo="dp"), "algo must be one of ['rainbow', 'pretrained', 'exact']"),
+    (api.PipelineRequest("bert-base", algo="nope"),
+     "algo must be one of ['dp', 'rainbow', 'pretrained', 'exact']"),
     (api.SolveDpRequest("missing.json"), "input file 'missing.json' does not exist"),
     (api.SearchRequest(("bert-base",), recompute="never"), "recompute must be one of"),
     (api.SearchRequest(("bert-base",), microbatches=(0,)), "microbatches must be one or more positive"),
@@ -172,7 +173,8 @@ def test_cancel_before_start_and_between_phases(tmp_path):
 def test_no_ray_at_import_and_ray_algorithms_need_a_running_ray():
     code = ("import sys, archplace.api as api; print('ray' in sys.modules)\n"
             "for call in (lambda: api.partition(api.PartitionRequest(sys.argv[1], algo='ppo', budget=2)),\n"
-            "             lambda: api.pipeline(api.PipelineRequest('bert-base', cluster='A'))):\n"
+            "             lambda: api.pipeline(api.PipelineRequest('bert-base', cluster='A',\n"
+            "                                                      algo='rainbow'))):\n"
             "    try:\n        call()\n    except RuntimeError as e:\n        print(e)\n")
     out = subprocess.run([sys.executable, "-c", code, GNMT], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
