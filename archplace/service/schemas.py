@@ -317,7 +317,7 @@ class PipelineRequest(Strict):
     model: str
     cluster: Literal["A", "B", "C"] = "C"
     stages: int | None = Field(default=None, ge=2, le=8)
-    algo: Literal["exact", "rainbow", "pretrained"] = "exact"
+    algo: Literal["dp", "exact", "rainbow", "pretrained"] = "dp"
     budget: int | None = Field(default=None, ge=1, le=20_000)
     seed: Seed = 0
     finetune: int = Field(default=0, ge=0, le=20_000)
