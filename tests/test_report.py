@@ -71,7 +71,7 @@ def _rows():
                 "expert_throughput": EXPERT[m][0] if ref else math.nan,
                 "expert_pdt": EXPERT[m][1] if ref else "",
                 "estimate_s": 1.0, "ilp_s": 2.0 if m == "bert-large" else 3.0, "dp_s": 0.5, "total_s": 4.0,
-                "ilp_solved": 10, "cache_hits": 30,
+                "ilp_solved": 10, "cache_hits": 30, "ilp_lookups": 160, "ilp_unique": 40,
                 "node_id": "n1", "hostname": "host-a", "pid": 1234, "finished_at": 1.7e9 + 60 * order,
             })
     return rows
@@ -152,10 +152,13 @@ def test_report_contents_and_plots(tmp_path):
     assert "1.30×" in gpt and "1.25×" in gpt and f"{260 / 160:.2f}×" in gpt
     assert "reference not evaluated" not in text
 
-    # time breakdown: bert 12 evaluations × (1 + 2 + 0.5) s, cache hit rate 30 / (30 + 10)
+    # time breakdown: bert 12 evaluations × (1 + 2 + 0.5) s; the two cache numbers apart: repeated
+    # layers (160 - 40) / 160 of the lookups, schedule-cache hits 30 of the 40 distinct slices
     tb = _section(text, "## Time breakdown")
     bert = next(line for line in tb.splitlines() if line.startswith("| bert-large"))
-    assert "12.0" in bert and "24.0" in bert and "48.0" in bert and "75.0 %" in bert
+    cells = [c.strip() for c in bert.strip("|").split("|")]
+    assert cells[:3] == ["bert-large", "12", "12.0"] and cells[3] == "24.0" and cells[6] == "48.0"
+    assert cells[7:] == ["1,920", "75.0 %", "480", "120", "360", "75.0 %"]
     all_row = next(line for line in tb.splitlines() if line.startswith("| all"))
     assert "96.0" in all_row and "240" in all_row and "720" in all_row
 

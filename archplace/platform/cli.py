@@ -308,7 +308,7 @@ def cmd_tune_rl(args) -> dict[str, Any]:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     connect(args.address)
     return tune_rl(args.placer, scheduler=args.scheduler, samples=args.samples, iterations=args.iterations,
-                   out=out, seed=args.seed, case=case)
+                   out=out, seed=args.seed, case=case, max_concurrent=args.max_concurrent)
 
 
 def print_tune_rl(res: dict[str, Any]) -> None:
@@ -432,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--chiplets", type=int, default=None, help="mcm: chiplets")
     tr.add_argument("--seq", type=int, default=None, help="mcm: sequence length")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--max-concurrent", type=int, default=None,
+                    help="trials at once (default: as many as the CPUs allow)")
     tr.add_argument("--out", default=None, help="result directory (default runs/tune-rl-PLACER-TIMESTAMP)")
     tr.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT "
                                       "(default: an embedded local Ray)")

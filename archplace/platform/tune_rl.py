@@ -90,6 +90,7 @@ def tune_rl(
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+    from ray.tune.search import BasicVariantGenerator
 
     if placer not in PLACERS:
         raise ValueError(f"placer {placer!r} unknown; allowed: {list(PLACERS)}")
@@ -138,7 +139,8 @@ def tune_rl(
             scheduler=sched,
             num_samples=samples,
             max_concurrent_trials=max_concurrent,
-            search_alg=None,
+            # seeded draws, so a sweep (and its test) is reproducible
+            search_alg=BasicVariantGenerator(random_state=seed),
         ),
         run_config=tune.RunConfig(
             name="trials", storage_path=str(out / "tune"), verbose=0, stop={"training_iteration": iterations}
