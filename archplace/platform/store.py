@@ -78,6 +78,9 @@ SCHEMA = pa.schema([
     ("schedule", pa.string()), ("ilp_lookups", pa.int64()), ("ilp_unique", pa.int64()),
     ("ilp_solved", pa.int64()), ("cache_hits", pa.int64()),
     ("node_id", pa.string()), ("hostname", pa.string()), ("pid", pa.int64()), ("finished_at", pa.float64()),
+    # where the evaluation's work ran (its DP or sequential tasks; comma-separated Ray node ids): the
+    # trial itself only coordinates, reserves no CPU and may sit on any node, often the head
+    ("task_nodes", pa.string()),
 ])
 _DEFAULTS = {pa.int64(): 0, pa.float64(): math.nan, pa.string(): "", pa.bool_(): False}
 FINISHED = ("ok", "infeasible", "failed")

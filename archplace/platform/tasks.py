@@ -84,8 +84,9 @@ def dp_task(layers_by_t: dict[int, Any], num_devices: int, global_batch: int, mb
     strategy's throughput when one is given."""
     from .evaluate import dp_for_microbatch
 
-    return dp_for_microbatch(layers_by_t, num_devices, global_batch, mbs, hbm_gb, recompute, link_bw,
-                             expert_pdt)
+    out = dp_for_microbatch(layers_by_t, num_devices, global_batch, mbs, hbm_gb, recompute, link_bw,
+                            expert_pdt)
+    return {**out, "node_id": ray.get_runtime_context().get_node_id()}
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, scheduling_strategy=SPREAD)
@@ -99,7 +100,12 @@ def sequential_task(archs: list[dict[str, Any]], settings_dict: dict[str, Any],
 
     settings = SearchSettings.from_dict(settings_dict)
     by_case = dict(zip(case_keys, graphs))
-    return [evaluate_sequential(arch, settings, by_case) for arch in archs]
+    node = ray.get_runtime_context().get_node_id()
+    outs = [evaluate_sequential(arch, settings, by_case) for arch in archs]
+    for o in outs:
+        for r in o["rows"]:
+            r["task_nodes"] = node
+    return outs
 
 
 def get(refs: Any, what: str, timeout_s: float) -> Any:

@@ -175,7 +175,8 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         row = {**common, **placement_row(m, outs, expert), "schedule": "ilp",
                "estimate_s": float(preps[m]["estimate_s"]), "ilp_s": float(t_ilp - t_est),
                "ilp_lookups": int(sum(plan.lookups for plan in plans)), "ilp_unique": len(keys),
-               "ilp_solved": len(keys & set(solved)), "cache_hits": len(keys & hits)}
+               "ilp_solved": len(keys & set(solved)), "cache_hits": len(keys & hits),
+               "task_nodes": ",".join(sorted({o.get("node_id", "") for o in outs} - {""}))}
         row["total_s"] = time.perf_counter() - t0
         rows.append(row)
     avg = float(np.mean([r["throughput"] for r in rows]))
