@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from .db import operations, read_tx, results_cache, write_tx
 from .schemas import Operation, OperationList
+from .studies import NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ def _model(row) -> Operation:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def _owned(conn: sa.Connection, owner: str, op_id: str):
+    """The operation's row if ``owner`` owns it; another owner's operation is simply not found."""
+    row = (
+        conn.execute(sa.select(operations).where(operations.c.id == op_id, operations.c.owner == owner))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFound(f"operation {op_id!r} not found")
+    return row
 
 
 def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -155,18 +168,7 @@ class OperationService:
 
     def get(self, owner: str, op_id: str) -> Operation:
         with read_tx(self.engine) as conn:
-            row = (
-                conn.execute(
-                    sa.select(operations).where(operations.c.id == op_id, operations.c.owner == owner)
-                )
-                .mappings()
-                .first()
-            )
-        if row is None:
-            from .studies import NotFound
-
-            raise NotFound(f"operation {op_id!r} not found")
-        return _model(row)
+            return _model(_owned(conn, owner, op_id))
 
     def list(self, owner: str, page_size: int = 100, page_token: str | None = None) -> OperationList:
         with read_tx(self.engine) as conn:
@@ -188,17 +190,7 @@ class OperationService:
         A finished operation is left as it is."""
         now = time.time()
         with write_tx(self.engine) as conn:
-            row = (
-                conn.execute(
-                    sa.select(operations).where(operations.c.id == op_id, operations.c.owner == owner)
-                )
-                .mappings()
-                .first()
-            )
-            if row is None:
-                from .studies import NotFound
-
-                raise NotFound(f"operation {op_id!r} not found")
+            row = _owned(conn, owner, op_id)
             if row["state"] == "PENDING":
                 conn.execute(
                     sa.update(operations)
