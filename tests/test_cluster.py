@@ -14,10 +14,14 @@ from cluster_util import REPO_ROOT, ClusterInfo, ray_executable, two_node_cluste
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
-def _needs_ray_cli():
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One head + worker for the module (2 logical CPUs a node: room for the SPREAD solver/simulator
+    actors and the 0.2-CPU trials). The worker-loss test stops the worker, so it runs last."""
     if ray_executable() is None:
         pytest.skip("the `ray` executable is not installed")
+    with two_node_cluster(tmp_path_factory.mktemp("cluster"), head_cpus=2, worker_cpus=2) as c:
+        yield c
 
 
 def run_job(cluster: ClusterInfo, entrypoint: str, timeout: float) -> tuple[str, str]:
@@ -68,13 +72,12 @@ def _ids(logs: str, tag: str) -> list[str]:
     return [line.split()[1] for line in logs.splitlines() if line.startswith(tag + " ")]
 
 
-def test_two_node_cluster_runs_tasks_on_both_nodes(tmp_path):
+def test_two_node_cluster_runs_tasks_on_both_nodes(cluster, tmp_path):
     script = tmp_path / "node_probe.py"
     script.write_text(NODE_PROBE)
-    with two_node_cluster(tmp_path, head_cpus=1, worker_cpus=1) as cluster:
-        assert cluster.head_node_id and cluster.worker_node_id
-        assert cluster.head_node_id != cluster.worker_node_id
-        _, logs = run_job(cluster, f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", timeout=120)
+    assert cluster.head_node_id and cluster.worker_node_id
+    assert cluster.head_node_id != cluster.worker_node_id
+    _, logs = run_job(cluster, f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", timeout=120)
 
     assert _ids(logs, "DRIVER_NODE") == [cluster.head_node_id], logs  # Jobs run their driver on the head
     assert set(_ids(logs, "WORKER_TASK_NODE")) == {cluster.worker_node_id}, logs
@@ -83,17 +86,15 @@ def test_two_node_cluster_runs_tasks_on_both_nodes(tmp_path):
     assert seen == {cluster.head_node_id, cluster.worker_node_id}, logs
 
 
-def test_search_job_on_two_node_cluster(tmp_path):
+def test_search_job_on_two_node_cluster(cluster, tmp_path):
     out = tmp_path / "search-out"
     args = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--budget", "4", "--workers", "2",
             "--searcher", "grid",  # phaze would keep 1 in flight at budget 4 (its pruning cap)
             "--microbatches", "1", "--hbm", "32", "--ilp-time-limit", "5", "--out", str(out)]
     entrypoint = (f"cd {shlex.quote(str(REPO_ROOT))} && {shlex.quote(sys.executable)} deploy/search_job.py "
                   + " ".join(shlex.quote(a) for a in args))
-    # 2 logical CPUs a node: room for the SPREAD solver/simulator actors and the 0.2-CPU trials.
-    with two_node_cluster(tmp_path, head_cpus=2, worker_cpus=2) as cluster:
-        # The job has taken 25-330 s on a 2-core machine (search versions, machine load): headroom.
-        _, logs = run_job(cluster, entrypoint, timeout=540)
+    # The job has taken 25-330 s on a 2-core machine (search versions, machine load): headroom.
+    _, logs = run_job(cluster, entrypoint, timeout=540)
 
     table = pa.read_table(Path(out) / "evaluations.parquet").to_pydict()
     ok = [i for i, s in enumerate(table["status"]) if s == "ok"]
@@ -108,7 +109,7 @@ def test_search_job_on_two_node_cluster(tmp_path):
     assert (Path(out) / "best.json").is_file()
 
 
-def test_search_survives_losing_the_worker_node(tmp_path, ray_session):
+def test_search_survives_losing_the_worker_node(cluster, tmp_path, ray_session):
     """The worker node is stopped mid-search: its trials fail, their architectures are handed out
     again and its tasks re-run on the head; every architecture ends up evaluated exactly once, with
     the results and the best architecture of an undisturbed run."""
@@ -133,26 +134,25 @@ def test_search_survives_losing_the_worker_node(tmp_path, ray_session):
 
     from archplace.platform.store import ResultStore
 
-    with two_node_cluster(tmp_path, head_cpus=2, worker_cpus=2) as cluster:
-        client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.headers)
-        job = client.submit_job(entrypoint=entrypoint)
-        deadline = time.monotonic() + 300
-        seen = 0
-        while time.monotonic() < deadline and seen < 2:
-            assert not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-4000:]
-            if (out / "search.json").exists():
-                s = ResultStore(out)
-                s.load()
-                seen = len(s)
-            time.sleep(0.2)
-        assert seen >= 2, "the search never got going"
-        cluster.stop_worker()
-        alive = [n for n in cluster.list_nodes() if n.get("state") == "ALIVE"]
+    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.headers)
+    job = client.submit_job(entrypoint=entrypoint)
+    deadline = time.monotonic() + 300
+    seen = 0
+    while time.monotonic() < deadline and seen < 2:
+        assert not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-4000:]
+        if (out / "search.json").exists():
+            s = ResultStore(out)
+            s.load()
+            seen = len(s)
+        time.sleep(0.2)
+    assert seen >= 2, "the search never got going"
+    cluster.stop_worker()
+    alive = [n for n in cluster.list_nodes() if n.get("state") == "ALIVE"]
+    status = client.get_job_status(job)
+    while not status.is_terminal() and time.monotonic() < deadline + 300:
+        time.sleep(1)
         status = client.get_job_status(job)
-        while not status.is_terminal() and time.monotonic() < deadline + 300:
-            time.sleep(1)
-            status = client.get_job_status(job)
-        logs = client.get_job_logs(job)
+    logs = client.get_job_logs(job)
     assert status == JobStatus.SUCCEEDED, logs[-6000:]
     rows = pa.read_table(out / "evaluations.parquet").to_pylist()
     assert len(rows) == 12 and len({r["arch_key"] for r in rows}) == 12, rows

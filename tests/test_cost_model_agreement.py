@@ -18,9 +18,13 @@ ARCHS = [Accelerator(8, 2, 128, 128, 128, 128), Accelerator(4, 1024, 256, 64, 25
          Accelerator(16, 128, 32, 64, 32, 16), Accelerator(64, 8, 16, 16, 16, 4)]
 
 
-@pytest.fixture(autouse=True)
-def zigzag_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ARCHPLACE_ZIGZAG_CACHE", str(tmp_path / "zz"))
+@pytest.fixture(scope="module", autouse=True)
+def zigzag_cache(tmp_path_factory):
+    """A fresh cache for the module (ZigZag really runs), shared by its two tests: the graph test's
+    GEMM is one of the subset's, so it is not mapped twice."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARCHPLACE_ZIGZAG_CACHE", str(tmp_path_factory.mktemp("zz")))
+        yield
 
 
 def test_rank_and_scale_agree_on_a_subset():

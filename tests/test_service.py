@@ -190,8 +190,8 @@ def test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion(svc):
     assert sorted(a for _, a, _ in received) == list(range(len(received)))  # Phaze order, no gaps
 
 
-def _load(svc, study: str, clients: int, rounds: int, disturb, after_s: float):
-    """``clients`` threads doing ask/tell; ``disturb()`` runs ``after_s`` into the load."""
+def _load(svc, study: str, clients: int, rounds: int, disturb, after_done: int):
+    """``clients`` threads doing ask/tell; ``disturb()`` runs once ``after_done`` trials are complete."""
     c = svc.client("alice", retries=60)
     c.create_study(name=study, models=["bert-large"], searcher="random", seed=7)
     received, errors, lock = [], [], threading.Lock()
@@ -212,7 +212,11 @@ def _load(svc, study: str, clients: int, rounds: int, disturb, after_s: float):
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
     for th in threads:
         th.start()
-    time.sleep(after_s)
+    # disturb once a share of the load is done (a fixed delay raced a fast machine: all 96 finished
+    # inside 2 s once), and while every client still has rounds left
+    deadline = time.monotonic() + 300
+    while len(received) < after_done and time.monotonic() < deadline and not errors:
+        time.sleep(0.01)
     n_before = len(received)
     disturb()
     for th in threads:
@@ -231,7 +235,7 @@ def test_service_restart_mid_load_loses_nothing(svc):
     c = svc.client("alice", retries=60)
     done = c.partition("bert-base", algo="greedy", chiplets=4, seq=128, timeout_s=600)
     in_flight = c.partition("bert-base", algo="random", chiplets=8, seq=128, budget=300, wait=False)
-    _load(svc, "restart", clients=8, rounds=12, disturb=svc.restart, after_s=2.0)
+    _load(svc, "restart", clients=8, rounds=12, disturb=svc.restart, after_done=16)
     assert c.operation(done["id"]) == done  # a completed operation survives
     after = c.wait(in_flight["id"], timeout_s=600)  # one in flight is run (again) after it
     assert after["state"] == "DONE" and after["result"]["valid"], after
@@ -247,7 +251,7 @@ def test_killed_replica_mid_load_loses_nothing(svc):
         for n in names:
             ray.kill(ray.get_actor(n, namespace="serve"), no_restart=True)
 
-    _load(svc, "killed", clients=8, rounds=12, disturb=kill, after_s=2.0)
+    _load(svc, "killed", clients=8, rounds=12, disturb=kill, after_done=16)
     assert replica_actor_names()  # Serve replaced it
 
 
