@@ -34,3 +34,22 @@ def machine(load_before: tuple[float, float, float]) -> dict:
 
 def command() -> list[str]:
     return [sys.executable, *sys.argv]
+
+
+def code_version(*modules: str) -> str:
+    """A short hash of the source of the named packages/modules (dotted names under the repository,
+    e.g. ``archplace.algorithms.rl``) and the tune_configs YAMLs: bench caches key their entries by it,
+    so a change to the code a number depends on re-runs that number."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    files: list[Path] = []
+    for mod in modules:
+        p = root / Path(*mod.split("."))
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p.with_suffix(".py")]
+    files += sorted((root / "archplace" / "tune_configs").glob("*.yaml"))
+    for f in files:
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]

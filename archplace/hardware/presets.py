@@ -98,12 +98,19 @@ def flat_cluster(num_devices: int = 1024, device: Accelerator = TPUV4,
 
 
 def v100_cluster(config: str) -> Cluster:
+    """Auto-MAP's V100 clusters A, B, C: 2, 3, 4 servers of 8 GPUs (NVLink inside, 25 Gbps between)."""
     servers = {"A": 2, "B": 3, "C": 4}
     if config not in servers:
         raise ValueError(f"v100-server config must be one of {sorted(servers)}, got {config!r}")
-    n = servers[config]
-    return Cluster(f"v100-server-{config}", 8 * n, V100, NVLINK2_BW_BYTES_PER_S, "servers", 8,
-                   INTER_SERVER_25GBPS_BYTES_PER_S)
+    return v100_servers(servers[config], name=f"v100-server-{config}")
+
+
+def v100_servers(num_servers: int, name: str | None = None) -> Cluster:
+    """``num_servers`` servers of 8 V100s like Auto-MAP's clusters (larger pipeline cases)."""
+    if not isinstance(num_servers, int) or num_servers < 1:
+        raise ValueError(f"num_servers must be a positive integer, got {num_servers!r}")
+    return Cluster(name or f"v100-{num_servers}x8", 8 * num_servers, V100, NVLINK2_BW_BYTES_PER_S, "servers",
+                   8, INTER_SERVER_25GBPS_BYTES_PER_S)
 
 
 def mcm_package(num_chips: int = 36) -> Cluster:

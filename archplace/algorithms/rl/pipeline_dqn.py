@@ -151,9 +151,12 @@ class DQNSearch:
 
 def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
                seed: int = 0, radius: int = 3, dqn: dict | None = None, model: dict | None = None,
-               keep_state: bool = False, num_env_runners: int = 0, num_learners: int = 0) -> DQNSearch:
+               keep_state: bool = False, num_env_runners: int = 0, num_learners: int = 0,
+               env_options: dict | None = None) -> DQNSearch:
     """Train the DQN from scratch for ``budget_steps`` environment steps (online training, §9), on
-    ``num_env_runners`` remote env runners (0: in this process) and ``num_learners`` learners."""
+    ``num_env_runners`` remote env runners (0: in this process) and ``num_learners`` learners.
+    ``radius=None`` plans over every pivot (unpruned); ``env_options`` go to the env config as they are
+    (``lookahead``, ``max_stages``)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from ...simulators.pipeline import evaluate
@@ -164,7 +167,7 @@ def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budg
     t0 = time.perf_counter()
     cand = candidate_pivots(profile, cluster, num_stages, radius)
     env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius,
-               "candidates": cand}
+               "candidates": cand, **(env_options or {})}
     algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model,
                      num_env_runners=num_env_runners, num_learners=num_learners)
     track = PlanTracker()

@@ -14,9 +14,11 @@ candidate_pivots`); the Dict observation carries
   With the three features alone the agent stalled 31% above the optimum on bert-48 / C in 3,000
   steps (its Q has to rebuild L from parts); the fourth hands it the combination;
   With ``raw_features`` (the online-inference agent, §10.4) three more columns give the
-  transformed profile itself at each pivot, C*, A*, W*;
-* ``context``: the step as a one-hot over ``MAX_STAGES`` − 1 cuts, K / ``MAX_STAGES`` and the compute
-  fraction cut so far;
+  transformed profile itself at each pivot, C*, A*, W*; with ``lookahead: False`` the fourth column is
+  left out (the feature ablation of ``bench/pipeline.py``);
+* ``context``: the step as a one-hot over ``max_stages`` − 1 cuts, K / ``max_stages`` and the compute
+  fraction cut so far (``max_stages``, default ``MAX_STAGES`` = 8, sets the observation's size, so
+  weights trained at one value only load into an env with the same);
 * ``action_mask`` (P,): 1 for a pivot the next cut may take (its own window, after the last cut, a
   trainable variable in the new stage and enough left for the stages after it).
 
@@ -55,14 +57,16 @@ class PipelineCutEnv(gym.Env):
         self.ignore_memory = bool(cfg.get("ignore_memory", False))
         # every pivot is an action (coarse profiles: one action space for all models, masks do the rest)
         self.full_action_set = bool(cfg.get("full_action_set", False))
+        self.lookahead = bool(cfg.get("lookahead", True))
+        self.max_stages = int(cfg.get("max_stages", MAX_STAGES))
         self.rng = np.random.default_rng(cfg.get("seed", 0))
         self._load(cfg["profile"], cfg["cluster"], int(cfg.get("num_stages", cfg["cluster"].num_servers)),
                    cfg.get("candidates"), cfg.get("radius", 3), cfg.get("collapse", True))
         p = len(self.pivots)
-        nf = NUM_FEATURES + (3 if self.raw_features else 0)
+        nf = NUM_FEATURES - (0 if self.lookahead else 1) + (3 if self.raw_features else 0)
         self.observation_space = gym.spaces.Dict({
             "pivots": gym.spaces.Box(0.0, FEATURE_CLIP, (p, nf), np.float32),
-            "context": gym.spaces.Box(0.0, 1.0, (MAX_STAGES + 1,), np.float32),
+            "context": gym.spaces.Box(0.0, 1.0, (self.max_stages + 1,), np.float32),
             "action_mask": gym.spaces.Box(0.0, 1.0, (p,), np.float32),
         })
         self.action_space = gym.spaces.Discrete(p)
@@ -76,8 +80,9 @@ class PipelineCutEnv(gym.Env):
     def _load(self, profile: PipelineProfile, cluster: Cluster, num_stages: int,
               cand: Candidates | None = None, radius: int | None = 3, collapse: bool = True) -> None:
         """Point the environment at a (profile, cluster, K) case."""
-        if not 2 <= num_stages <= MAX_STAGES:
-            raise ValueError(f"stages must be in [2, {MAX_STAGES}] for the agent, got {num_stages}")
+        max_stages = getattr(self, "max_stages", MAX_STAGES)
+        if not 2 <= num_stages <= max_stages:
+            raise ValueError(f"stages must be in [2, {max_stages}] for the agent, got {num_stages}")
         self.profile, self.cluster, self.num_stages = profile, cluster, num_stages
         self.cand = cand or candidate_pivots(profile, cluster, num_stages, radius, collapse=collapse)
         if any(len(c) == 0 for c in self.cand.per_cut):
@@ -136,7 +141,9 @@ class PipelineCutEnv(gym.Env):
         balance = t.min(axis=1) / np.maximum(t.max(axis=1), 1e-30)
         m = prof.setup.num_micro_batches
         est = t.sum(axis=1) + acts.sum(axis=1) + (m - 1) * np.maximum(t.max(axis=1), act) + ar
-        cols = [np.log1p(ar / self.t_unit), np.log1p(act / self.t_unit), balance, self.l_unit / est]
+        cols = [np.log1p(ar / self.t_unit), np.log1p(act / self.t_unit), balance]
+        if self.lookahead:
+            cols.append(self.l_unit / est)
         if self.raw_features:  # the transformed profile itself at each pivot (online inference, §10.4)
             scale = max(cp[-1], wp[-1] / self._inter_bw, prof.cross_bytes.max() / self._inter_bw, 1e-30)
             cols += [cp[p] / scale, prof.cross_bytes[p] / self._inter_bw / scale,
@@ -149,12 +156,12 @@ class PipelineCutEnv(gym.Env):
 
     def _obs(self) -> dict:
         j = len(self.cuts)
-        ctx = np.zeros(MAX_STAGES + 1, np.float32)
+        ctx = np.zeros(self.max_stages + 1, np.float32)
         done = j >= self.num_stages - 1
         if not done:
             ctx[j] = 1.0
         last = self.cuts[-1] if self.cuts else 0
-        ctx[-2] = self.num_stages / MAX_STAGES
+        ctx[-2] = self.num_stages / self.max_stages
         ctx[-1] = self.profile.compute_s_prefix[last] / self.c_total
         if done:
             p = len(self.pivots)
