@@ -173,3 +173,63 @@ def test_short_seeded_dqn_beats_random_cuts(ray_session):
     assert res.best_length_s <= np.min(rand) * 1.001
     opt = solve_exact(env.profile, env.cluster, env.cand)
     assert res.best_length_s >= opt.length_s - 1e-12
+
+
+# ---------------------------------------------------------------- baselines without learning (bench)
+def test_lookahead_rule_is_the_feature_argmax_and_exact_for_one_cut():
+    from archplace.algorithms.rl.pipeline_rules import lookahead_rule
+
+    env = _env("B", 3)
+    r = lookahead_rule(env, 1)
+    # by hand: the argmax of the fourth feature at each cut
+    obs, _ = env.reset()
+    cuts = []
+    for _ in range(2):
+        open_ = np.flatnonzero(obs["action_mask"])
+        a = int(open_[np.argmax(obs["pivots"][open_, 3])])
+        cuts.append(int(env.pivots[a]))
+        obs, *_ = env.step(a)
+    assert r.first_cuts.tolist() == cuts and r.plans == 1
+    assert r.best_length_s == pytest.approx(float(evaluate(bert_profile(), v100_cluster("B"),
+                                                           np.array([cuts])).length_s[0]), rel=1e-12)
+    # one cut: the feature is the exact reward, so the rule is the best plan over the candidates
+    one = _env("A", 2)
+    cand = candidate_pivots(bert_profile(), v100_cluster("A"), 2)
+    lengths = evaluate(bert_profile(), v100_cluster("A"), cand.per_cut[0][:, None])
+    best = lengths.length_s[~lengths.oom].min()
+    assert lookahead_rule(one, 1).best_length_s == pytest.approx(best, rel=1e-9)
+    # epsilon rollouts: seeded, as many plans as asked, best never worse than the first
+    e1, e2 = lookahead_rule(env, 40, epsilon=0.3, seed=1), lookahead_rule(env, 40, epsilon=0.3, seed=1)
+    assert e1.plans == 40 and e1.best_length_s == e2.best_length_s and len(e1.history) == 40
+    assert e1.best_length_s <= e1.first_length_s and (np.diff(e1.history) <= 0).all()
+    with pytest.raises(ValueError, match="lookahead"):
+        lookahead_rule(_env(lookahead=False), 1)
+
+
+def test_random_plans_by_count_and_by_wall_time():
+    from archplace.algorithms.rl.pipeline_rules import random_plans
+
+    env = _env("C", 4)
+    opt = solve_exact(bert_profile(), v100_cluster("C"), candidate_pivots(bert_profile(), v100_cluster("C"), 4))
+    r = random_plans(env, 300, seed=0)
+    assert r.plans == 300 and r.best_length_s >= opt.length_s * (1 - 1e-12)
+    assert r.best_length_s == random_plans(env, 300, seed=0).best_length_s
+    assert (np.diff(r.history) <= 0).all() and r.history[-1] == r.best_length_s
+    t = random_plans(env, wall_s=0.3, seed=0, chunk=16)
+    assert t.plans >= 16 and t.wall_s >= 0.3
+    with pytest.raises(ValueError, match="exactly one"):
+        random_plans(env)
+
+
+def test_env_without_lookahead_and_with_more_stages():
+    full, ablated = _env(), _env(lookahead=False)
+    o1, _ = full.reset()
+    o2, _ = ablated.reset()
+    assert o2["pivots"].shape == (len(full.pivots), 3) and ablated.observation_space.contains(o2)
+    np.testing.assert_array_equal(o2["pivots"], o1["pivots"][:, :3])
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 8\]"):
+        _env("C", 9, radius=None)
+    big = _env("C", 12, radius=None, max_stages=16)
+    o, _ = big.reset()
+    assert o["context"].shape == (17,) and big.observation_space.contains(o)
+    assert o["context"][-2] == pytest.approx(12 / 16)
