@@ -221,6 +221,8 @@ def main() -> None:
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--plans", type=int, default=PLANS, help="simulator calls per search (fixed: 250)")
     ap.add_argument("--cpus", type=int, default=2, help="Ray tasks at a time (one CPU each)")
+    ap.add_argument("--no-run", action="store_true",
+                    help="only tabulate what the cache holds ('-' for the rest)")
     ap.add_argument("--cache", default=str(RESULTS / "pipeline_eval_runs.json"))
     ap.add_argument("--out", default=str(RESULTS / "pipeline"))
     args = ap.parse_args()
@@ -259,7 +261,7 @@ def main() -> None:
                 if m == "argmax" and seed != seeds[0]:
                     continue  # deterministic
                 k = f"{version}|{case.key}|seed{seed}|{m}|plans{args.plans}"
-                if k not in cache:
+                if k not in cache and not args.no_run:
                     pending[m_task.remote(case, seed, m, args.plans)] = k
     t0 = time.perf_counter()
     n = len(pending)
