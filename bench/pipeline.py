@@ -106,7 +106,7 @@ def run_dp(case: Case) -> dict:
     return rec
 
 
-def run_method(case: Case, seed: int, method: str, plans: int) -> dict:
+def run_method(case: Case, seed: int, method: str, plans: int, random_wall: bool = True) -> dict:
     """One search of ``plans`` simulator calls; DQN variants also time the equal-wall random baseline."""
     import torch
 
@@ -124,7 +124,7 @@ def run_method(case: Case, seed: int, method: str, plans: int) -> dict:
                "greedy_length_s": r.greedy_length_s if not r.greedy_oom else None,
                "plans": r.plans, "env_steps": r.env_steps, "wall_s": r.wall_s,
                "history": [float(x) for x in r.history]}
-        if method == "dqn":   # random search for the same wall time as this DQN took
+        if method == "dqn" and random_wall:   # random search for the same wall time as this DQN took
             rw = random_plans(env, wall_s=r.wall_s, seed=seed)
             rec["random_wall"] = {"best_length_s": rw.best_length_s if not rw.best_oom else None,
                                   "plans": rw.plans, "wall_s": rw.wall_s}
@@ -169,9 +169,11 @@ def summarise(case: Case, dp: dict, runs: dict[str, dict[int, dict]]) -> dict:
         if m in DQN_VARIANTS:
             row["greedy_gap"] = [_gap(per_seed[s]["greedy_length_s"], opt) for s in seeds]
             row["env_steps"] = [per_seed[s]["env_steps"] for s in seeds]
-        if m == "dqn":
-            row["random_wall_gap"] = [_gap(per_seed[s]["random_wall"]["best_length_s"], opt) for s in seeds]
-            row["random_wall_plans"] = [per_seed[s]["random_wall"]["plans"] for s in seeds]
+        if m == "dqn":   # seeds run with --no-random-wall have no equal-wall random search
+            rw = [per_seed[s]["random_wall"] for s in seeds if "random_wall" in per_seed[s]]
+            row["random_wall_seeds"] = [s for s in seeds if "random_wall" in per_seed[s]]
+            row["random_wall_gap"] = [_gap(r["best_length_s"], opt) for r in rw]
+            row["random_wall_plans"] = [r["plans"] for r in rw]
         # plans until within 1% of the optimum (None: never)
         row["plans_to_1pct"] = []
         for s in seeds:
@@ -223,6 +225,8 @@ def main() -> None:
     ap.add_argument("--cpus", type=int, default=2, help="Ray tasks at a time (one CPU each)")
     ap.add_argument("--no-run", action="store_true",
                     help="only tabulate what the cache holds ('-' for the rest)")
+    ap.add_argument("--no-random-wall", action="store_true",
+                    help="skip the equal-wall-time random search after each DQN (it doubles a DQN task)")
     ap.add_argument("--cache", default=str(RESULTS / "pipeline_eval_runs.json"))
     ap.add_argument("--out", default=str(RESULTS / "pipeline"))
     args = ap.parse_args()
@@ -262,7 +266,7 @@ def main() -> None:
                     continue  # deterministic
                 k = f"{version}|{case.key}|seed{seed}|{m}|plans{args.plans}"
                 if k not in cache and not args.no_run:
-                    pending[m_task.remote(case, seed, m, args.plans)] = k
+                    pending[m_task.remote(case, seed, m, args.plans, not args.no_random_wall)] = k
     t0 = time.perf_counter()
     n = len(pending)
     while pending:
