@@ -210,7 +210,8 @@ def test_random_plans_by_count_and_by_wall_time():
     from archplace.algorithms.rl.pipeline_rules import random_plans
 
     env = _env("C", 4)
-    opt = solve_exact(bert_profile(), v100_cluster("C"), candidate_pivots(bert_profile(), v100_cluster("C"), 4))
+    prof, cl = bert_profile(), v100_cluster("C")
+    opt = solve_exact(prof, cl, candidate_pivots(prof, cl, 4))
     r = random_plans(env, 300, seed=0)
     assert r.plans == 300 and r.best_length_s >= opt.length_s * (1 - 1e-12)
     assert r.best_length_s == random_plans(env, 300, seed=0).best_length_s
