@@ -229,9 +229,13 @@ def table(rows: list[dict], methods: list[str]) -> str:
         dqn_s = f"{np.mean(r['dqn']['wall_s']):6.0f}" if "dqn" in r else f"{'-':>6s}"
         lines.append(base + f"{dp['length_s']:8.4f} {dp['wall_s']:6.2f} {dqn_s} "
                      + " ".join(f"{c:>27s}" for c in cells))
+    all_seeds = sorted({s for r in rows for m in methods if m in r for s in r[m]["seeds"]})
     for r in rows:
+        for m in methods:
+            if m in r and m != "argmax" and r[m]["seeds"] != all_seeds:   # argmax: deterministic
+                lines.append(f"{m} on {r['case']}: seeds {r[m]['seeds']} only")
         d = r.get("dqn")
-        if d and d["random_wall_seeds"] != d["seeds"]:
+        if d and d["random_wall_seeds"] and d["random_wall_seeds"] != d["seeds"]:
             lines.append(f"random@wall on {r['case']}: seeds {d['random_wall_seeds']} only "
                          f"(the others ran with --no-random-wall)")
     return "\n".join(lines)
