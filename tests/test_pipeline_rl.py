@@ -234,3 +234,16 @@ def test_env_without_lookahead_and_with_more_stages():
     o, _ = big.reset()
     assert o["context"].shape == (17,) and big.observation_space.contains(o)
     assert o["context"][-2] == pytest.approx(12 / 16)
+
+
+def test_n_step_longer_than_an_episode_is_refused():
+    """RLlib's prioritized episode buffer never samples a transition with fewer than n_step steps left in
+    its episode, so n_step > K - 1 would hang the first training step: the config refuses it, naming the
+    field and the allowed range; n_step = K - 1 is accepted."""
+    from archplace.algorithms.rl.pipeline_dqn import dqn_config
+
+    with pytest.raises(ValueError, match=r"n_step is 3; allowed: 1 to 2"):
+        dqn_config({"num_stages": 3}, dqn={"n_step": 3})
+    with pytest.raises(ValueError, match=r"n_step is \(1, 4\); allowed: 1 to 3"):
+        dqn_config({"num_stages": 4}, dqn={"n_step": (1, 4)})
+    assert dqn_config({"num_stages": 4}, dqn={"n_step": 3}).n_step == 3

@@ -53,6 +53,12 @@ def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int |
         steps = max(1, min(steps, int(0.6 * budget_steps)))
     d["epsilon"] = [(0, float(d.pop("epsilon_start"))), (steps, float(d.pop("epsilon_end")))]
     d["replay_buffer_config"] = dict(d["replay_buffer_config"])
+    n_step, cuts = d.get("n_step", 1), int(env_config.get("num_stages", 2)) - 1
+    n_max = max(n_step) if isinstance(n_step, (list, tuple)) else int(n_step)
+    if not 1 <= n_max <= cuts:
+        # RLlib's PrioritizedEpisodeReplayBuffer redraws every transition with fewer than n_step steps
+        # left in its episode: with n_step > K - 1 no transition qualifies and sampling never returns
+        raise ValueError(f"n_step is {n_step}; allowed: 1 to {cuts} (num_stages - 1, the cuts per episode)")
     model_cfg = {**cfg["model"], **(model or {})}
     config = (
         DQNConfig()
