@@ -34,6 +34,9 @@ def build_dqn(env_config: dict[str, Any], **kw: Any):
     return dqn_config(env_config, **kw).build_algo()
 
 
+NSTEP_BUFFER = "archplace.algorithms.rl.nstep_buffer.NStepPrioritizedEpisodeReplayBuffer"
+
+
 def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
                dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv,
                num_env_runners: int = 0, num_learners: int = 0):
@@ -53,12 +56,14 @@ def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int |
         steps = max(1, min(steps, int(0.6 * budget_steps)))
     d["epsilon"] = [(0, float(d.pop("epsilon_start"))), (steps, float(d.pop("epsilon_end")))]
     d["replay_buffer_config"] = dict(d["replay_buffer_config"])
-    n_step, cuts = d.get("n_step", 1), int(env_config.get("num_stages", 2)) - 1
-    n_max = max(n_step) if isinstance(n_step, (list, tuple)) else int(n_step)
-    if not 1 <= n_max <= cuts:
-        # RLlib's PrioritizedEpisodeReplayBuffer redraws every transition with fewer than n_step steps
-        # left in its episode: with n_step > K - 1 no transition qualifies and sampling never returns
-        raise ValueError(f"n_step is {n_step}; allowed: 1 to {cuts} (num_stages - 1, the cuts per episode)")
+    n_step = d.get("n_step", 1)
+    if isinstance(n_step, (bool, list, tuple)) or int(n_step) != n_step or n_step < 1:
+        raise ValueError(f"n_step is {n_step!r}; allowed: an integer >= 1")
+    if n_step > 1:
+        # RLlib's prioritized buffer redraws every transition with fewer than n steps left in its
+        # episode (a K-stage episode has K - 1): this one truncates the return at the episode's end.
+        # RLlib wants the type as a string (it tests it for "EpisodeReplayBuffer")
+        d["replay_buffer_config"]["type"] = NSTEP_BUFFER
     model_cfg = {**cfg["model"], **(model or {})}
     config = (
         DQNConfig()
