@@ -1,4 +1,7 @@
-"""Prioritized episode replay with n-step returns that stop at the episode's end (issue 16 item 5).
+"""Seeded prioritized episode replay, with n-step returns that stop at the episode's end (issue 16).
+
+RLlib's episode buffers draw from ``np.random.default_rng(seed=None)`` and take no seed, so a "seeded"
+DQN run replays different transitions each time it runs; this buffer takes ``seed``.
 
 RLlib's :class:`PrioritizedEpisodeReplayBuffer` builds an n-step transition only when n steps of its
 episode follow it and redraws the others. A pipeline-cut episode has K − 1 steps, so with n ≥ K − 1
@@ -29,8 +32,13 @@ def discounted_sum(rewards, gamma: float) -> float:
 
 
 class NStepPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
-    """:class:`PrioritizedEpisodeReplayBuffer` whose n-step transitions are truncated at the episode's
-    end instead of redrawn (module docstring). Only an integer ``n_step`` is supported."""
+    """:class:`PrioritizedEpisodeReplayBuffer` with a seeded random stream (``seed``) whose n-step
+    transitions are truncated at the episode's end instead of redrawn (module docstring). Only an
+    integer ``n_step`` is supported."""
+
+    def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng = np.random.default_rng(seed)
 
     def sample(self, num_items: int | None = None, *, n_step: Any = None, gamma: float = 0.99,
                include_infos: bool = False, to_numpy: bool = False, **kwargs: Any):

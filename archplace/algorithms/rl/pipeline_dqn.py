@@ -59,11 +59,10 @@ def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int |
     n_step = d.get("n_step", 1)
     if isinstance(n_step, (bool, list, tuple)) or int(n_step) != n_step or n_step < 1:
         raise ValueError(f"n_step is {n_step!r}; allowed: an integer >= 1")
-    if n_step > 1:
-        # RLlib's prioritized buffer redraws every transition with fewer than n steps left in its
-        # episode (a K-stage episode has K - 1): this one truncates the return at the episode's end.
-        # RLlib wants the type as a string (it tests it for "EpisodeReplayBuffer")
-        d["replay_buffer_config"]["type"] = NSTEP_BUFFER
+    # RLlib's buffers draw from an unseeded generator, and its prioritized one redraws every transition
+    # with fewer than n steps left in its episode (a K-stage episode has K - 1): ours is seeded and
+    # truncates the return at the episode's end. RLlib wants the type as a string.
+    d["replay_buffer_config"].update(type=NSTEP_BUFFER, seed=int(seed))
     model_cfg = {**cfg["model"], **(model or {})}
     config = (
         DQNConfig()
