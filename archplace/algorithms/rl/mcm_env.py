@@ -17,10 +17,12 @@ leaves y^(0) open), all zeros (``init="zeros"``), or the best partition found so
 With ``load_features`` the observation also carries ``chip_load`` ``[C]``: the chip latencies L_d of
 y'^(t-1) over their maximum, so the policy sees which chip is the bottleneck (ours).
 
-Left alone, RLlib trains on the log-probability of y, the sampled action: the solver is part of the
-environment (spec §2.3 option (a), ``train_on: sampled``); with ``train_on: repaired``, the YAML's
-default (:func:`archplace.algorithms.rl.mcm_ppo.build_ppo`), a callback swaps in y' from
-``info["repaired_action"]`` and its log-probability (option (b)).
+Under RLlib the repair runs one step earlier, in the module-to-env connector
+(:mod:`archplace.algorithms.rl.mcm_connectors`), which calls :meth:`MCMPartitionEnv.repair_action` with
+the policy's probabilities and sends y' to :meth:`step`; the episode keeps y and its log-probability
+(spec §2.3 option (a), ``train_on: sampled``: the solver as part of the environment) or y' and its
+log-probability (``train_on: repaired``, the YAML's default, option (b)). Given an action nobody
+repaired, :meth:`step` repairs it itself, so the env works on its own too.
 
 Design choices the paper leaves open (all ours):
 
@@ -28,7 +30,8 @@ Design choices the paper leaves open (all ours):
   share of a balanced chip, clipped at 4); out_bytes and weight_bytes / SRAM (clipped at 4); log1p of
   in- and out-degree / 2; topological position / N; compute time before the op in ``topo`` / total
   (where a time-balanced pipeline would cut);
-* SAMPLE mode needs P, which an environment does not see: it gets ``0.9 · onehot(y) + 0.1 / C``;
+* SAMPLE mode needs P: under RLlib the connector passes the policy's softmax; an action given to
+  :meth:`step` directly gets ``0.9 · onehot(y) + 0.1 / C``;
 * the normaliser is the throughput of the greedy partition after FIX repair (:meth:`greedy_part`,
   computed on a graph's first visit); if that is invalid (memory), it is ``1 / sum(time_s)``, the
   throughput of a single chip without memory limits;
@@ -40,7 +43,8 @@ Design choices the paper leaves open (all ours):
 
 ``info`` per step: ``raw_valid`` (y itself valid, memory included), ``repaired_valid``, ``throughput``
 (of y'), ``reward``, ``changed`` (nodes the repair moved), ``samples`` (1: one evaluation is one
-sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``,
+sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``, ``repair_stage``
+(the repair's restart stage, None when no repair ran),
 ``repaired_action`` (y' padded to ``N_max``; y itself when the repair found nothing).
 The best partition found per graph is kept in :attr:`MCMPartitionEnv.best` (name -> (throughput,
 partition)) and the per-graph best-so-far curve in :attr:`MCMPartitionEnv.history`.
@@ -199,6 +203,7 @@ class MCMPartitionEnv(gym.Env):
         self._g = 0
         self._t = 0
         self._prev = np.zeros(nm, dtype=np.int64)
+        self._pending: dict[str, Any] | None = None   # repair_action's result, for the next step
 
     # ------------------------------------------------------------------ helpers
     def _static_obs(self, p: MCMProblem) -> dict[str, np.ndarray]:
@@ -222,9 +227,8 @@ class MCMPartitionEnv(gym.Env):
             obs["chip_load"] = (lat / top if top > 0 else np.zeros_like(lat)).astype(np.float32)
         return obs
 
-    def _repair(self, p: MCMProblem, y: np.ndarray, mode: str, seed: int):
-        probs = None
-        if mode == "sample":
+    def _repair(self, p: MCMProblem, y: np.ndarray, mode: str, seed: int, probs: np.ndarray | None = None):
+        if mode == "sample" and probs is None:
             probs = np.full((p.num_nodes, p.num_chips), 0.1 / p.num_chips)
             probs[np.arange(p.num_nodes), y] += 0.9
         return repair(p.num_chips, p.src, p.dst, mode=mode, y=y, probs=probs, seed=seed,
@@ -285,6 +289,7 @@ class MCMPartitionEnv(gym.Env):
             self._g = self._next
             self._next = (self._next + 1) % len(self.problems)
         self._t = 0
+        self._pending = None
         p = self.problems[self._g]
         name = self.names[self._g]
         if self.init == "best" and name in self.best:
@@ -296,23 +301,43 @@ class MCMPartitionEnv(gym.Env):
         self._prev = self.pad(start)
         return self._obs(), {"graph": self.names[self._g]}
 
-    def step(self, action):
-        p, g = self.problems[self._g], self._g
+    def repair_action(self, action, probs: np.ndarray | None = None) -> np.ndarray:
+        """The repaired partition y' (padded to ``N_max``) of an action y on the current graph, with this
+        env's repair mode, time limit and random stream; :meth:`step` given that y' evaluates it with
+        the bookkeeping of this call (y's own validity, the repair's status, stage and changed nodes).
+        ``probs`` (``[N_max or N, C]``): the policy's per-node probabilities for SAMPLE (default: the
+        made-up ``0.9 · onehot(y) + 0.1 / C``). The RLlib path calls this from the
+        :class:`~archplace.algorithms.rl.mcm_connectors.RepairActions` connector."""
+        p = self.problems[self._g]
         n, c = p.num_nodes, p.num_chips
         y = np.clip(np.asarray(action, dtype=np.int64).reshape(-1)[:n], 0, c - 1)
         raw = evaluate(p, y)
-        raw_valid = bool(raw.valid[0])
-
-        status, changed = "none", 0
+        status, changed, stage = "none", 0, None
         if self.repair_mode == "none":
             yr, ok = y, True
         elif self.repair_mode == "fix" and bool(raw.static_ok[0]):
             yr, ok, status = y, True, "valid"  # FIX keeps every node of a statically valid y
         else:
-            res = self._repair(p, y, self.repair_mode, int(self._rng.integers(2**31 - 1)))
-            status, changed = str(res.status), int(res.changed)
+            res = self._repair(p, y, self.repair_mode, int(self._rng.integers(2**31 - 1)),
+                               None if probs is None else np.asarray(probs)[:n])
+            status, changed, stage = str(res.status), int(res.changed), res.stage
             ok = res.partition is not None
             yr = np.asarray(res.partition, dtype=np.int64) if ok else y
+        padded = self.pad(yr)
+        self._pending = {"y": y, "raw": raw, "yr": yr, "ok": ok, "status": status, "changed": changed,
+                         "stage": stage, "padded": padded}
+        return padded.copy()
+
+    def step(self, action):
+        p, g = self.problems[self._g], self._g
+        a = np.asarray(action, dtype=np.int64).reshape(-1)
+        rep = self._pending
+        if rep is None or not np.array_equal(rep["padded"], a):
+            self.repair_action(a)   # not repaired beforehand (no connector): repair here
+            rep = self._pending
+        self._pending = None
+        y, raw, yr, ok, status, changed = (rep[k] for k in ("y", "raw", "yr", "ok", "status", "changed"))
+        raw_valid = bool(raw.valid[0])
         ev = raw if yr is y else evaluate(p, yr)
         thr = float(ev.throughput[0]) if ok else 0.0
         reward = thr / self.baseline(g)
@@ -331,5 +356,5 @@ class MCMPartitionEnv(gym.Env):
         info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
                 "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
                 "graph": name, "graph_index": g, "round": self._t, "repair_status": status,
-                "improved": improved, "repaired_action": self.pad(yr)}
+                "repair_stage": rep["stage"], "improved": improved, "repaired_action": rep["padded"]}
         return self._obs(), float(reward), self._t >= self.rounds, False, info

@@ -45,35 +45,6 @@ def load_config() -> dict[str, Any]:
     return yaml.safe_load(resources.files("archplace.tune_configs").joinpath(CONFIG_FILE).read_text())
 
 
-TRAIN_ON = ("sampled", "repaired")
-
-
-def _repaired_action_callback():
-    from ray.rllib.callbacks.callbacks import RLlibCallback
-    from ray.rllib.core.columns import Columns
-
-    class RepairedActionCallback(RLlibCallback):
-        """``train_on: repaired``: after every step, the episode's action becomes the repaired partition
-        y' (from ``info["repaired_action"]``) and its behaviour log-probability is recomputed from the
-        stored logits, so PPO's ratio and gradient are those of y', the partition that was evaluated
-        (spec §2.3 option (b): the solver as part of the policy)."""
-
-        def on_episode_step(self, *, episode, **kwargs) -> None:
-            info = episode.get_infos(-1)
-            if not isinstance(info, dict) or "repaired_action" not in info:
-                return
-            y = np.asarray(info["repaired_action"], dtype=np.int64)
-            logits = np.asarray(episode.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS, -1), np.float64)
-            lg = logits.reshape(len(y), -1)
-            lg = lg - lg.max(-1, keepdims=True)
-            logp = lg[np.arange(len(y)), y] - np.log(np.exp(lg).sum(-1))
-            episode.set_actions(new_data=y, at_indices=-1)
-            episode.set_extra_model_outputs(key=Columns.ACTION_LOGP, new_data=np.float32(logp.sum()),
-                                            at_indices=-1)
-
-    return RepairedActionCallback
-
-
 MAX_LOG_RATIO = 20.0
 
 
@@ -121,12 +92,12 @@ def ppo_config(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | N
 
     from .callbacks import MCMSampleLog
     from .gnn_module import GraphPartitionModule
+    from .mcm_connectors import repair_connector
 
     cfg = load_config()
     env_cfg = {**cfg["env"], **(env or {}), "graphs": graphs, "num_chips": num_chips, "seed": seed}
     train_on = env_cfg.pop("train_on", "repaired")
-    if train_on not in TRAIN_ON:
-        raise ValueError(f"train_on is {train_on!r}; allowed: {list(TRAIN_ON)}")
+    connector = repair_connector(train_on)     # raises on an unknown train_on
     if n_max is not None:
         env_cfg["n_max"], env_cfg["e_max"] = n_max, e_max
     ppo_cfg = {**cfg["ppo"], **(ppo or {})}
@@ -139,18 +110,20 @@ def ppo_config(graphs: Any, *, num_chips: int = 36, seed: int = 0, env: dict | N
     model_cfg = {**cfg["model"], **(model or {})}
     config = (
         PPOConfig()
-        .environment(MCMPartitionEnv, env_config=env_cfg)
+        # a MultiDiscrete action needs no unsquashing, and RLlib's normaliser would overwrite the
+        # connector's ACTIONS_FOR_ENV (y') with a copy of ACTIONS (y)
+        .environment(MCMPartitionEnv, env_config=env_cfg, normalize_actions=False, clip_actions=False)
         .framework("torch")
         .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1,
-                     rollout_fragment_length=max(1, batch // max(1, num_env_runners)))
+                     rollout_fragment_length=max(1, batch // max(1, num_env_runners)),
+                     module_to_env_connector=connector)     # the repair y -> y', between module and env
         .learners(num_learners=num_learners, learner_class=_bounded_ratio_learner())
         .training(**ppo_cfg)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=GraphPartitionModule, model_config=model_cfg))
         .reporting(metrics_num_episodes_for_smoothing=episodes)
         .debugging(seed=seed)
     )
-    callbacks = [MCMSampleLog] + ([_repaired_action_callback()] if train_on == "repaired" else [])
-    return config.callbacks(callbacks)
+    return config.callbacks(MCMSampleLog)
 
 
 def env_of(algo) -> MCMPartitionEnv:

@@ -34,6 +34,9 @@ def build_dqn(env_config: dict[str, Any], **kw: Any):
     return dqn_config(env_config, **kw).build_algo()
 
 
+NSTEP_BUFFER = "archplace.algorithms.rl.nstep_buffer.NStepPrioritizedEpisodeReplayBuffer"
+
+
 def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int | None = None,
                dqn: dict | None = None, model: dict | None = None, env_class=PipelineCutEnv,
                num_env_runners: int = 0, num_learners: int = 0):
@@ -53,6 +56,13 @@ def dqn_config(env_config: dict[str, Any], *, seed: int = 0, budget_steps: int |
         steps = max(1, min(steps, int(0.6 * budget_steps)))
     d["epsilon"] = [(0, float(d.pop("epsilon_start"))), (steps, float(d.pop("epsilon_end")))]
     d["replay_buffer_config"] = dict(d["replay_buffer_config"])
+    n_step = d.get("n_step", 1)
+    if isinstance(n_step, (bool, list, tuple)) or int(n_step) != n_step or n_step < 1:
+        raise ValueError(f"n_step is {n_step!r}; allowed: an integer >= 1")
+    # RLlib's buffers draw from an unseeded generator, and its prioritized one redraws every transition
+    # with fewer than n steps left in its episode (a K-stage episode has K - 1): ours is seeded and
+    # truncates the return at the episode's end. RLlib wants the type as a string.
+    d["replay_buffer_config"].update(type=NSTEP_BUFFER, seed=int(seed))
     model_cfg = {**cfg["model"], **(model or {})}
     config = (
         DQNConfig()
