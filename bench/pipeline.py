@@ -17,19 +17,22 @@ Per case it reports (gaps relative to the exact optimum over the same action spa
 * ``dqn``: the best plan among the DQN's (best-seen) and the final greedy-policy plan (ε = 0), with wall
   time; mean, min and max over the seeds;
 * ``nolook``: the same DQN without the lookahead feature (the paper's three features only);
-* ``n3``: the same DQN with 3-step returns (n-step, issue 16 item 5), only where K - 1 >= 3 (see
-  :func:`n_step_fits`: RLlib's prioritized episode buffer never samples a transition with fewer than n
-  steps left in its episode, so on 2-3 stages it hangs, and on 4 stages only the first cut is learnt);
+* ``n3``: the same DQN with 3-step returns (issue 16 item 5), truncated at the episode's end
+  (:mod:`archplace.algorithms.rl.nstep_buffer`; RLlib's own buffer redraws every transition with fewer
+  than n steps left, so on 2-3 stages it never returned a batch);
 * ``argmax``: the lookahead feature's argmax, one plan, no network (the DQN's own input);
 * ``argmax-eps``: the best of 250 rollouts of that rule with each cut random with probability 0.1;
 * ``random``: the best of 250 uniformly random valid plans, and ``random-wall``: of as many as fit in
   the DQN's wall time (equal wall time).
 
-What the committed results cover (``bench/results/pipeline.txt``): every method and seed on Table 7
-(n3 only on its 4-stage cases); on the large cases dqn, argmax, argmax-eps and random for all seeds,
-nolook where the table shows it, no n3, and random at the DQN's wall time only for bert-48 on 32 GPUs,
-seeds 0 and 1 (the rest ran with ``--no-random-wall``; 2 cores: a large-case DQN search takes 4-15
-min). The table names what is missing.
+What the committed results cover: ``bench/results/pipeline.txt`` (commit 1422596, DQNs replaying from
+RLlib's unseeded buffer): every method and seed on Table 7, n3 only on its 4-stage cases (RLlib's
+n-step, see above); on the large cases dqn, nolook, argmax, argmax-eps and random for all seeds, no n3,
+and random at the DQN's wall time only for bert-48 on 32 GPUs, seeds 0 and 1 (2 cores: a large-case
+DQN search takes 4-18 min). ``bench/results/pipeline_nstep.txt`` (commit 9a14aa2): dqn and n3 with the
+truncated n-step on all of Table 7 (``--cases table7 --methods dqn,n3 --no-random-wall --cache
+bench/results/pipeline_nstep_runs.json --out bench/results/pipeline_nstep``). The table names what is
+missing.
 
 Each (case, seed, method) runs as one Ray task on one CPU, two at a time on this machine; results are
 cached in ``--cache`` under a key that includes the hash of the code they depend on, so an interrupted
@@ -147,14 +150,6 @@ def run_method(case: Case, seed: int, method: str, plans: int, random_wall: bool
         raise ValueError(f"unknown method {method!r}")
     return {"best_length_s": r.best_length_s if not r.best_oom else None, "plans": r.plans,
             "wall_s": r.wall_s, "history": [float(x) for x in r.history]}
-
-
-def n_step_fits(case: Case, method: str) -> bool:
-    """RLlib's PrioritizedEpisodeReplayBuffer samples a transition only if n steps of its episode follow
-    it (it redraws the others), so an n-step DQN on episodes of K - 1 < n cuts never gets a batch and
-    hangs; with K - 1 = n it learns from each episode's first cut only. n3 runs where K - 1 >= 3."""
-    n = DQN_VARIANTS.get(method, ({}, {}))[0].get("n_step", 1)
-    return case.stages - 1 >= n
 
 
 def _gap(x, opt):
@@ -290,8 +285,6 @@ def main() -> None:
             for m in methods:
                 if m == "argmax" and seed != seeds[0]:
                     continue  # deterministic
-                if not n_step_fits(case, m):
-                    continue
                 k = f"{version}|{case.key}|seed{seed}|{m}|plans{args.plans}"
                 if k not in cache and not args.no_run:
                     pending[m_task.remote(case, seed, m, args.plans, not args.no_random_wall)] = k
