@@ -285,6 +285,9 @@ def test_dqn_config_n_step_buffer_and_errors():
     cfg = dqn_config({"num_stages": 2}, seed=7, dqn={"n_step": 3})
     assert cfg.replay_buffer_config["type"] == NSTEP_BUFFER and cfg.replay_buffer_config["seed"] == 7
     assert NSTEP_BUFFER.endswith(".NStepPrioritizedEpisodeReplayBuffer")
+    from archplace.algorithms.rl.nstep_buffer import NStepPrioritizedEpisodeReplayBuffer as cls
+
+    assert "EpisodeReplayBuffer" in cls and "Sequence" not in cls   # RLlib's test on the type (Tune)
     with pytest.raises(ValueError, match=r"n_step is \(1, 4\); allowed: an integer >= 1"):
         dqn_config({"num_stages": 4}, dqn={"n_step": (1, 4)})
     with pytest.raises(ValueError, match="n_step is 0"):

@@ -18,6 +18,7 @@ so nothing is redrawn), then extends each to k steps of its own episode and reco
 
 from __future__ import annotations
 
+from abc import ABCMeta
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,16 @@ def discounted_sum(rewards, gamma: float) -> float:
     return float((gamma ** np.arange(len(r)) * r).sum())
 
 
-class NStepPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
+class _NameTest(ABCMeta):
+    """RLlib 2.60 sets a buffer up after testing ``"EpisodeReplayBuffer" in replay_buffer_config["type"]``,
+    which assumes a string; Tune hands it the class (it resolves dotted type names). The class answers
+    that test from its name."""
+
+    def __contains__(cls, part: object) -> bool:
+        return isinstance(part, str) and part in cls.__name__
+
+
+class NStepPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer, metaclass=_NameTest):
     """:class:`PrioritizedEpisodeReplayBuffer` with a seeded random stream (``seed``) whose n-step
     transitions are truncated at the episode's end instead of redrawn (module docstring). Only an
     integer ``n_step`` is supported."""
