@@ -8,12 +8,12 @@
         c.complete(study["name"], trial["number"], value=my_measurement(trial["params"]))
     print(c.best(study["name"]))
 
-Every call is idempotent, and is retried on connection errors, on 502/503/504 (honouring Retry-After)
-and on a 500 that Ray Serve's proxy wrote because a replica died under the request: a suggest with the
-same ``client_id`` returns the same pending trials, a repeated completion with the same measurement is
-accepted, and a repeated create of an identical study returns it. So a client that outlives a service
-restart or a killed replica loses nothing. Errors are raised as ``ServiceError`` carrying the HTTP status
-and the service's one-line message.
+Every call is idempotent, and is retried on connection errors and timeouts, on 502/503/504
+(honouring Retry-After) and on a 500 that Ray Serve's proxy wrote because a replica died under the
+request: a suggest with the same ``client_id`` returns the same pending trials, a repeated completion
+with the same measurement is accepted, and a repeated create of an identical study returns it. So a
+client that outlives a service restart or a killed replica loses nothing. Errors are raised as
+``ServiceError`` carrying the HTTP status and the service's one-line message.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class Client:
                 r = self.session.request(
                     method, self.url + path, json=json, params=params, timeout=self.timeout_s
                 )
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # a request that went to a replica killed under it can hang until the read timeout;
+                # every call is idempotent, so it is sent again like a refused connection
                 if not retry or attempt == self.retries:
                     raise
                 time.sleep(delay)
