@@ -274,7 +274,8 @@ def main() -> None:
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1, timeout=3600)
         for ref in done:
-            cache[pending.pop(ref)] = ray.get(ref, timeout=60)
+            k = pending.pop(ref)
+            cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command()}
             cache_path.write_text(json.dumps(cache))
     for case in todo_cases:
         dps[case] = cache[f"{version}|{case.key}|dp"]
@@ -294,7 +295,7 @@ def main() -> None:
         done, _ = ray.wait(list(pending), num_returns=1, timeout=7200)
         for ref in done:
             k = pending.pop(ref)
-            cache[k] = ray.get(ref, timeout=60)
+            cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command()}
             cache_path.write_text(json.dumps(cache))
             print(f"[{n - len(pending)}/{n} {time.perf_counter() - t0:.0f} s] {k.split('|', 1)[1]}: "
                   f"wall {cache[k]['wall_s']:.1f} s", flush=True)

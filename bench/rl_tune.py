@@ -148,7 +148,8 @@ def main() -> None:
                 import pyarrow.parquet as pq
 
                 trials = pq.read_table(Path(tmp) / placer / "trials.parquet").to_pylist()
-            cache[key] = {"summary": summ, "trials": trials}
+            cache[key] = {"summary": summ, "trials": trials, "commit": git_state()["commit"],
+                          "command": command()}
             save()
         sw = cache[key]
         section = "dqn" if placer == "pipeline" else "ppo"
@@ -170,7 +171,7 @@ def main() -> None:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=7200)
             for ref in done:
                 k = pending.pop(ref)
-                cache[k] = ray.get(ref, timeout=60)
+                cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command()}
                 save()
                 print(f"[{time.perf_counter() - t0:.0f} s] {k.split('|', 1)[1]}", flush=True)
         rows = []
