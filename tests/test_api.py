@@ -61,6 +61,23 @@ def test_partition_greedy_equals_the_cli(capsys):
     assert stages == ["graph", "greedy", "done"]
 
 
+def test_partition_polish_never_loses_and_reports(capsys):
+    """greedy + 4 s of CP-SAT neighbourhood search: no worse than greedy, a valid partition, the repair
+    stage of the greedy proposal and the search's own counts reported (CLI --json carries them too)."""
+    stages = []
+    res = api.partition(api.PartitionRequest(GNMT, algo="greedy", chiplets=8, polish=4.0),
+                        progress=lambda s, i: stages.append(s))
+    assert stages == ["graph", "greedy", "polish", "done"]
+    d = res.to_dict()
+    assert d["sampler_throughput"] == pytest.approx(res.greedy_throughput)
+    assert res.throughput >= res.greedy_throughput and res.valid
+    assert d["lns_subsolves"] >= 1 and d["lns_stopped"] in ("time", "optimal", "bound")
+    assert d["lns_seed_throughput"] == pytest.approx(res.greedy_throughput) and 0 <= d["lns_gap"] < 1
+    assert d["greedy_repair_stage"] in (None, "eq4", "cpsat", "complete")
+    cli = cli_json(capsys, "partition", GNMT, "--algo", "greedy", "--chiplets", "8", "--polish", "1")
+    assert cli["throughput"] >= cli["greedy_throughput"] and cli["lns_subsolves"] >= 1
+
+
 def test_graph_and_estimate_equal_the_cli(capsys, tmp_path):
     res = api.graph(api.GraphRequest("bert-base", seq=64))
     assert_same(res.to_dict(), cli_json(capsys, "graph", "bert-base", "--seq", "64"))
@@ -132,6 +149,7 @@ P = api.PlaceRequest
     (api.PartitionRequest("bert-base", chiplets=99), "chiplets must be in [1, 64], got 99"),
     (api.PartitionRequest("bert-base", zero_shot=True), "pretrained and zero_shot apply to algo ppo"),
     (api.PartitionRequest("bert-base", algo="ppo", zero_shot=True), "zero_shot needs pretrained"),
+    (api.PartitionRequest("bert-base", polish=-1), "polish must be seconds in [0, 86400], got -1"),
     (api.PipelineRequest("bert-base", cluster="D"), "cluster must be one of ['A', 'B', 'C'], got 'D'"),
     (api.PipelineRequest("bert-base", cluster="A", stages=9), "stages must be in [2, 8], got 9"),
     (api.PipelineRequest("bert-base", algo="nope"),

@@ -1,5 +1,6 @@
 """A model's operators over the chiplets of a multi-chip module (``archplace partition``, MCM paper):
-the greedy heuristic, random search, simulated annealing, or PPO with repaired actions (on Ray)."""
+the greedy heuristic, random search, simulated annealing, or PPO with repaired actions (on Ray), each
+optionally polished by CP-SAT large-neighbourhood search (``polish`` seconds, ``mcm_lns``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class PartitionRequest(Request):
     env_runners: int = 0            # ppo: remote EnvRunner actors that sample (0: in this process)
     learners: int = 0               # ppo: remote Learner actors (0: in this process)
     config: str | None = None       # ppo: YAML overriding mcm_ppo.yaml's ppo/model/env keys (tune-rl's best)
+    polish: float = 0.0             # seconds of CP-SAT neighbourhood search on the best partition (0: none)
 
     @property
     def needs_ray(self) -> bool:
@@ -62,6 +64,9 @@ class PartitionRequest(Request):
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
         check_optional_str("config", self.config)
+        if isinstance(self.polish, bool) or not isinstance(self.polish, (int, float)) or \
+                not 0 <= self.polish <= 86400:
+            raise invalid("polish", f"must be seconds in [0, 86400], got {self.polish!r}")
         if self.config and not os.path.exists(self.config):
             raise invalid("config", f"{self.config} does not exist "
                                     "(archplace tune-rl mcm writes best_config.yaml)")
@@ -106,7 +111,8 @@ class PartitionResult(Result):
 def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> PartitionResult:
     """Partition a model over the chiplets of an MCM. Stages: ``graph``, ``greedy``, ``search`` (all
-    algorithms but greedy), ``done``. ``algo="ppo"`` raises RuntimeError unless Ray is running."""
+    algorithms but greedy), ``polish`` (when ``polish > 0``), ``done``. ``algo="ppo"`` raises RuntimeError
+    unless Ray is running."""
     from ..algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
     from ..algorithms.solvers.mcm_repair import MCMRepairer
     from ..hardware.presets import mcm_package
@@ -126,9 +132,9 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
     problem = MCMProblem.from_graph(g, mcm_package(req.chiplets))
     rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
     steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
-    g_part, g_tp = greedy(problem, seed=req.seed, repairer=rep)
+    g_part, g_tp, g_rep = greedy(problem, seed=req.seed, repairer=rep, with_repair=True)
     steps.stage("greedy", throughput=g_tp)
-    details: dict[str, Any] = {}
+    details: dict[str, Any] = {"greedy_repair_stage": g_rep.stage, "greedy_repair_changed": g_rep.changed}
     if req.algo == "greedy":
         part, samples = g_part, 1
     else:
@@ -139,9 +145,19 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
             run = random_search if req.algo == "random" else simulated_annealing
             trace = run(problem, req.budget, seed=req.seed, repairer=rep)
             part, samples, best = trace.best_partition, trace.samples, trace.best
+            details.update({k: v for k, v in trace.extra.items() if k.startswith("repair")})
         if part is None or best < g_tp:  # the heuristic is always a candidate
             part = g_part
         steps.stage("search", samples=samples)
+    details["sampler_throughput"] = float(evaluate(problem, part).throughput[0])
+    if req.polish > 0:
+        from ..algorithms.solvers.mcm_lns import lns
+
+        polished = lns(problem, part, time_limit_s=float(req.polish), seed=req.seed)
+        part = polished.partition
+        details.update(polished.summary())
+        steps.stage("polish", subsolves=polished.subsolves, improved=polished.improved,
+                    throughput=polished.throughput)
     ev = evaluate(problem, part)
     names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
     tp = float(ev.throughput[0])
@@ -166,6 +182,7 @@ def _ppo(problem, req: PartitionRequest) -> tuple[Any, int, dict[str, Any]]:
                     num_env_runners=req.env_runners, num_learners=req.learners, ppo=cfg.get("ppo"),
                     model=cfg.get("model"), env=cfg.get("env"))
     details = {"valid_samples": run.trace.valid_samples, "pretrained": req.pretrained,
+               **{k: v for k, v in run.trace.extra.items() if k.startswith("repair")},
                "env_runners": req.env_runners, "config": req.config,
                "env_runner_nodes": run.trace.extra.get("env_runner_nodes", []),
                "pretrained_samples": meta.get("samples"), "mode": "zero-shot" if req.zero_shot else

@@ -242,7 +242,7 @@ def cmd_partition(args) -> dict[str, Any]:
     req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
                                seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
                                zero_shot=args.zero_shot, env_runners=args.env_runners,
-                               learners=args.learners, config=args.config)
+                               learners=args.learners, config=args.config, polish=args.polish)
     _connect_if_needed(req, args.address)
     return api.partition(req).to_dict()
 
@@ -256,6 +256,17 @@ def print_partition(res: dict[str, Any]) -> None:
     lat = res["chip_latency_s"][:res["chips_used"]]
     print(f"  chips used   {res['chips_used']}; slowest chip {max(lat) * 1e3:.3f} ms, "
           f"mean {sum(lat) / len(lat) * 1e3:.3f} ms")
+    if "repair_stages" in res:
+        print(f"  repairs      {res['repairs']}: by stage {res['repair_stages']}; the chain fallback on "
+              f"{res['repair_chain_share']:.1%}")
+    print(f"  greedy       repaired in stage {res['greedy_repair_stage'] or 'none (already valid)'}, "
+          f"{res['greedy_repair_changed']} nodes changed")
+    if "lns_subsolves" in res:
+        gap = f"; at most {res['lns_gap']:.1%} from the optimum" if res["lns_stopped"] != "optimal" else \
+            "; proven optimal"
+        print(f"  polish       {res['lns_subsolves']} CP-SAT sub-solves in {res['lns_wall_s']:.1f} s, "
+              f"{res['lns_improved']} improvements: {res['sampler_throughput']:.2f} -> "
+              f"{res['throughput']:.2f} /s (stopped: {res['lns_stopped']}{gap})")
 
 
 def cmd_pipeline(args) -> dict[str, Any]:
@@ -407,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--chiplets", type=int, default=36)
     pa.add_argument("--algo", choices=api.PARTITION_ALGOS, default="sa")
     pa.add_argument("--budget", type=int, default=200, help="samples (evaluated partitions)")
+    pa.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
+                    help="then CP-SAT large-neighbourhood search on the best partition for SECONDS")
     pa.add_argument("--pretrained", default=None,
                     help="ppo: start from these pre-trained weights (.npz from bench/mcm_pretrain.py)")
     pa.add_argument("--zero-shot", action="store_true", help="ppo: sample the pre-trained policy, no updates")

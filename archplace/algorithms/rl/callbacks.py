@@ -51,6 +51,8 @@ def plans_of(result: dict[str, Any]) -> list[tuple[float, bool, np.ndarray]]:
 
 
 MCM_SAMPLES_KEY = "mcm_samples"   # [graph, throughput, raw_valid, repaired_valid] per sampled partition
+MCM_REPAIR_KEY = "mcm_repair"     # [stage code (REPAIR_STAGE_CODES, -1: none), changed nodes] per sample
+REPAIR_STAGE_CODES = ("eq4", "cpsat", "chain", "chain-cap", "complete")
 MCM_BEST_KEY = "mcm_best"         # [graph, throughput, *partition] when a runner's env improves its best
 
 
@@ -62,10 +64,24 @@ class MCMSampleLog(RLlibCallback):
         g = float(info["graph_index"])
         metrics_logger.log_value(MCM_SAMPLES_KEY, [g, float(info["throughput"]), float(info["raw_valid"]),
                                                    float(info["repaired_valid"])], reduce="item_series")
+        stage = info.get("repair_stage")
+        fam = None if stage is None else ("chain-cap" if stage.startswith("chain-cap") else stage)
+        code = REPAIR_STAGE_CODES.index(fam) if fam in REPAIR_STAGE_CODES else -1 if fam is None else -2
+        metrics_logger.log_value(MCM_REPAIR_KEY, [float(code), float(info.get("changed", 0))],
+                                 reduce="item_series")
         if info.get("improved"):
             metrics_logger.log_value(MCM_BEST_KEY, [g, float(info["throughput"]),
                                                     *(float(c) for c in info["repaired_action"])],
                                      reduce="item_series")
+
+
+def repair_records(result: dict[str, Any]) -> list[tuple[str | None, int]]:
+    """(stage family or None when no repair ran, changed nodes) per sample one result reports."""
+    out = []
+    for code, changed in _items(result.get("env_runners", {}).get(MCM_REPAIR_KEY)):
+        c = int(code)
+        out.append((REPAIR_STAGE_CODES[c] if c >= 0 else None if c == -1 else "other", int(changed)))
+    return out
 
 
 def mcm_records(result: dict[str, Any]) -> tuple[list[tuple[int, float, bool, bool]],

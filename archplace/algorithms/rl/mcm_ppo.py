@@ -158,11 +158,16 @@ class SampleTracker:
         self.raw_valid_samples = 0
         self.history: dict[str, list[float]] = {n: [] for n in self.names}
         self.best: dict[str, tuple[float, np.ndarray]] = {}
+        from ..search.mcm_baselines import RepairStats
+
+        self.repair = RepairStats(max(p.num_nodes for p in self.probe.problems))
 
     def update(self, result: dict[str, Any]) -> None:
-        from .callbacks import mcm_records
+        from .callbacks import mcm_records, repair_records
 
         samples, improvements = mcm_records(result)
+        for stage, changed in repair_records(result)[: max(0, (self.budget or 1 << 62) - self.total)]:
+            self.repair.add(stage, changed if stage is not None else None)
         counted_best: dict[int, float] = {}
         for g, thr, raw_valid, _ in samples:
             self.total += 1
@@ -273,7 +278,7 @@ def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: d
         algo.stop()
     tr = SearchTrace(name, hist, None if best is None else best[1], e.valid_samples, time.perf_counter() - t0,
                      {"raw_valid_samples": e.raw_valid_samples, "baseline": e.probe.baseline(0),
-                      "env_runner_nodes": nodes})
+                      "env_runner_nodes": nodes, **e.repair.summary()})
     return RLRun(tr, state)
 
 

@@ -48,19 +48,53 @@ class SearchTrace:
         return int(hit[0]) + 1 if len(hit) else None
 
 
+class RepairStats:
+    """How the repairs of a search went: repairs per stage family (``stage_family``), and the changed
+    nodes (as a fraction of the graph) of those given a proposal. The chain stages are the last-resort
+    fallback that rewrites most of a proposal (``mcm_repair`` module doc; issue 17), so their share is
+    reported on its own."""
+
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = max(int(num_nodes), 1)
+        self.stages: dict[str, int] = {}
+        self.changed: list[float] = []
+
+    def add(self, stage: str | None, changed: int | None = None) -> None:
+        fam = stage_family(stage)
+        self.stages[fam] = self.stages.get(fam, 0) + 1
+        if changed is not None:
+            self.changed.append(int(changed) / self.num_nodes)
+
+    def summary(self) -> dict:
+        n = sum(self.stages.values())
+        chain = sum(c for s, c in self.stages.items() if s.startswith("chain"))
+        return {"repairs": n, "repair_stages": dict(sorted(self.stages.items())),
+                "repair_chain_share": chain / n if n else 0.0,
+                "repair_changed_median": float(np.median(self.changed)) if self.changed else None}
+
+
+def stage_family(stage: str | None) -> str:
+    """``"chain-cap7"`` -> ``"chain-cap"``; ``None`` (no repair ran) -> ``"none"``."""
+    if stage is None:
+        return "none"
+    return "chain-cap" if stage.startswith("chain-cap") else str(stage)
+
+
 def _repairer(problem: MCMProblem) -> MCMRepairer:
     return MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
 
 
-def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = None
-           ) -> tuple[np.ndarray, float]:
-    """The greedy heuristic's partition after FIX repair, and its throughput."""
+def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = None, *,
+           with_repair: bool = False):
+    """The greedy heuristic's partition after FIX repair (the same repair every sampler uses), and its
+    throughput; ``with_repair=True`` adds the :class:`RepairResult` (its stage and changed nodes)."""
     rep = repairer or _repairer(problem)
     y = greedy_partition(problem)
     res = rep.repair("fix", y=y, seed=seed)
     if res.partition is None:
         raise RuntimeError(f"FIX repair of the greedy partition ended {res.status}")
-    return res.partition, float(evaluate(problem, res.partition).throughput[0])
+    tp = float(evaluate(problem, res.partition).throughput[0])
+    return (res.partition, tp, res) if with_repair else (res.partition, tp)
 
 
 def random_search(problem: MCMProblem, samples: int, seed: int = 0,
@@ -73,14 +107,16 @@ def random_search(problem: MCMProblem, samples: int, seed: int = 0,
     t0 = time.perf_counter()
     best, best_part, valid = 0.0, None, 0
     trace = np.zeros(samples)
+    stats = RepairStats(problem.num_nodes)
     for k in range(samples):
         res = rep.repair("sample", probs=probs, seed=seed * 1_000_003 + k)
+        stats.add(res.stage)
         tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
         valid += tp > 0
         if tp > best:
             best, best_part = tp, res.partition
         trace[k] = best
-    return SearchTrace("random", trace, best_part, valid, time.perf_counter() - t0)
+    return SearchTrace("random", trace, best_part, valid, time.perf_counter() - t0, stats.summary())
 
 
 def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset_fraction: float = 0.1,
@@ -103,6 +139,7 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
     cur = best = 0.0
     best_part, valid, accepted = None, 0, 0
     trace = np.zeros(samples)
+    stats = RepairStats(problem.num_nodes)
     for k in range(samples):
         temp = temp_start * (temp_end / temp_start) ** (k / max(samples - 1, 1))
         cand = probs.copy()
@@ -110,6 +147,7 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
             nodes = rng.choice(n, size=k_nodes, replace=False)
             cand[nodes] = rng.dirichlet(np.ones(c), size=k_nodes)
         res = rep.repair("sample", probs=cand, seed=int(rng.integers(2**31)))
+        stats.add(res.stage)
         tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
         valid += tp > 0
         if tp > best:
@@ -118,4 +156,5 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
             probs, cur = cand, tp
             accepted += 1
         trace[k] = best
-    return SearchTrace("sa", trace, best_part, valid, time.perf_counter() - t0, {"accepted": accepted})
+    return SearchTrace("sa", trace, best_part, valid, time.perf_counter() - t0,
+                       {"accepted": accepted, **stats.summary()})
