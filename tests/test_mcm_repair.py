@@ -13,6 +13,8 @@ import pytest
 from archplace.algorithms.solvers.mcm_exact import chip_latencies, solve_exact
 from archplace.algorithms.solvers.mcm_repair import MCMRepairer, repair
 
+STAGES = {"eq4", "cpsat", "chain", "complete"} | {f"chain-cap{k}" for k in (31, 17, 15, 8, 7, 4, 3, 2, 1, 0)}
+
 
 # ============================================================================================ oracles
 def statically_valid(C: int, src, dst, f) -> bool:
@@ -273,13 +275,14 @@ def test_restart_stages_on_36_chips():
             stages.add(res.stage)
             if res.stage.startswith("chain"):  # the sufficient condition of the chain stages
                 assert (res.partition[dst] - res.partition[src] <= 1).all()
-    assert stages <= {"eq4", "chain"} | {f"chain-cap{k}" for k in (17, 8, 4, 2, 1, 0)}
+    assert stages <= STAGES
     # a valid input is kept by the first stage
     v = rep.repair("sample", probs=np.full((120, 36), 1 / 36), seed=0).partition
     res = rep.repair("fix", y=v, seed=3)
     assert res.stage == "eq4" and res.changed == 0 and res.failures == 0
-    # forcing the chain stage
+    # forcing the chain stage (no CP-SAT stage)
     rep.restart_failures = 1
+    rep.cpsat = False
     res = rep.repair("fix", y=(np.arange(120) * 36 // 120), seed=1)
     assert res.status == "valid" and statically_valid(36, src, dst, res.partition)
     if res.stage != "eq4":
@@ -377,3 +380,94 @@ def test_exact_40_nodes_4_chips_optimal():
     assert res.max_latency_s <= latency_loops(pb, [0] * 40) * (1 + 1e-9)
     if conservative_memory_ok(pb, list(hint)):
         assert res.max_latency_s <= latency_loops(pb, list(hint)) * (1 + 1e-9)
+
+
+# ============================================================================================ stages
+def test_uniform_proposals_valid_with_documented_stages():
+    # uniform FIX and SAMPLE proposals on random DAGs with 8 and 20 chips: always valid, stage documented
+    rng = np.random.default_rng(17)
+    for case in range(10):
+        n = int(rng.integers(10, 36))
+        C = 8 if case % 2 else 20
+        src, dst = random_dag(n, float(rng.uniform(0.05, 0.3)), 300 + case)
+        rep = MCMRepairer(C, src, dst, num_nodes=n)
+        for seed in range(3):
+            y = rng.integers(0, C, n)
+            for res in (rep.repair("fix", y=y, seed=seed),
+                        rep.repair("fix", y=y, probs=rng.dirichlet(np.ones(C), n), seed=seed),
+                        rep.repair("sample", probs=np.full((n, C), 1.0 / C), seed=seed)):
+                assert res.status == "valid" and res.stage in STAGES
+                assert statically_valid(C, src, dst, res.partition)
+                if res.stage.startswith("chain"):
+                    assert (res.partition[dst] - res.partition[src] <= 1).all()
+
+
+def _small_lstm():
+    from archplace.workloads.synthetic import rnn_graph
+
+    g = rnn_graph(2, 512, 102, batch=64, cell="lstm", bytes_per_element=1)  # lstm-s1 of bench/mcm.py
+    pos = {int(i): k for k, i in enumerate(g.nodes["id"])}
+    src = np.array([pos[int(a)] for a in g.edges["src"]])
+    dst = np.array([pos[int(b)] for b in g.edges["dst"]])
+    return src, dst, len(pos)
+
+
+def test_small_graph_rarely_falls_back_to_chain():
+    # the 8-chip two-step LSTM of bench/mcm.py: uniform FIX proposals end in the chain fallback on < 10%
+    # of repairs (it was about 80% before the topological order and the CP-SAT stage)
+    src, dst, n = _small_lstm()
+    rep = MCMRepairer(8, src, dst, num_nodes=n)
+    stages = []
+    for s in range(20):
+        y = np.random.default_rng(s).integers(0, 8, n)
+        res = rep.repair("fix", y=y, seed=s)
+        assert res.status == "valid" and res.stage in STAGES
+        assert statically_valid(8, src, dst, res.partition)
+        stages.append(res.stage)
+    assert sum(st.startswith("chain") for st in stages) < 0.1 * len(stages), stages
+
+
+@pytest.mark.parametrize("n,p,seed", [(6, 0.3, 0), (7, 0.35, 1), (8, 0.25, 2), (7, 0.2, 3), (8, 0.3, 4)])
+def test_cpsat_stage_is_minimal_change(n, p, seed):
+    # the CP-SAT stage (3 chips: every chip in every domain) keeps as many nodes of y as any valid
+    # partition can: its changed count is the brute-force minimum, with and without a pin
+    import time
+
+    C = 3
+    src, dst = random_dag(n, p, 700 + seed)
+    valid = sorted(brute_valid(C, n, src, dst))
+    rng = np.random.default_rng(seed)
+    for pin in (None, int(rng.integers(n))):
+        rep = MCMRepairer(C, src, dst, num_nodes=n)
+        ok = valid
+        if pin is not None:
+            rep.restrict(pin, [1, 2])
+            ok = [f for f in valid if f[pin] in (1, 2)]
+            if not ok:
+                continue
+        for _ in range(6):
+            y = rng.integers(0, C, n)
+            ref = list(ok[int(rng.integers(len(ok)))])  # any valid reference (the hint)
+            out = rep._cpsat_stage("fix", y.tolist(), None, ref, rng, time.perf_counter() + 30)
+            assert out is not None and tuple(out) in set(ok)
+            best = min(sum(a != b for a, b in zip(f, y)) for f in ok)
+            assert sum(a != b for a, b in zip(out, y)) == best
+        # SAMPLE: one-hot probabilities on a valid partition give it back (its log-probability is the
+        # largest by far, whatever the Gumbel noise)
+        tgt = ok[int(rng.integers(len(ok)))]
+        out = rep._cpsat_stage("sample", None, np.eye(C)[list(tgt)], list(ok[0]), rng,
+                               time.perf_counter() + 30)
+        assert out is not None and tuple(out) == tgt
+
+
+def test_fix_with_probs_draws_deferred_nodes_from_them():
+    # a node whose y is out of its domain is deferred and draws from its probabilities over the domain
+    rep = MCMRepairer(3, [0], [1], num_nodes=2)
+    rep.restrict(1, [0, 1])  # node 1 cannot keep y = 2; Eq. 2 keeps node 0 at or below node 1
+    counts = {0: 0, 1: 0}
+    probs = np.array([[1 / 3] * 3, [0.1, 0.9, 0.0]])
+    for s in range(400):
+        res = rep.repair("fix", y=np.array([0, 2]), probs=probs, seed=s, order=[0, 1])
+        assert res.status == "valid"
+        counts[int(res.partition[1])] += 1
+    assert abs(counts[1] / 400 - 0.9) < 0.06

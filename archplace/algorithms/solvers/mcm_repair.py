@@ -39,33 +39,56 @@ Values that fail the star test are skipped without a decision (the bind would fa
 
 * FIX (Algorithm 2): the first pass over the order keeps ``y_u`` when it is in ``u``'s domain, else
   defers ``u`` (a kept value refuted later defers it too); the second pass gives every deferred node a
-  uniformly random value of its domain.
+  value of its domain drawn from ``probs[u]`` renormalised over the domain when ``probs`` is given (FIX
+  with the policy's probabilities), uniformly otherwise.
 * SAMPLE (Algorithm 1): one pass; each node draws from ``probs[u]`` renormalised over its domain (uniform
   over the domain when that mass is zero).
 
-The default order is a random permutation from ``seed``; all randomness comes from one
-``numpy.random.Generator(PCG64(seed))``.
+The default order is a random *topological* order from ``seed`` (Kahn's algorithm, a uniformly random
+ready node at each step; a random permutation if the graph has a cycle): a node is decided after its
+predecessors, so Eq. 2 and Eq. 4 conflicts surface at the decision that causes them instead of many
+decisions later (the paper draws a random order; ours is random among the orders that follow the DAG).
+All randomness comes from one ``numpy.random.Generator(PCG64(seed))``.
 
 Restarts (our addition; the paper leaves the backtracking policy open). Chronological backtracking has no
 memory of why a branch failed, and with tens of chips Eq. 4 conflicts often surface many decisions after
-their cause, so the search can thrash. Stages, each a fresh search with the same order and procedure:
+their cause, so the search can thrash. Stages, each a fresh search with the same order and procedure
+(except stage 2):
 
 1. ``"eq4"``: the search above, up to ``restart_failures`` failures (default ``max(32, N // 4)``);
-2. ``"chain"``: the same plus the *sufficient* condition ``y_dst <= y_src + 1`` (every edge crosses at
+2. ``"cpsat"`` (ours, when stage 1 gives up and ``MCMRepairer.cpsat`` is on): the stages below find a
+   valid reference partition ``h`` first; then OR-Tools CP-SAT (:func:`_cpsat_repair`: ``x[u, d]``
+   booleans, Eqs. 2–4 with chip-pair edge/reachability booleans as in ``mcm_exact``; one worker, a seed
+   from the repair's generator, ``cpsat_dtime`` deterministic seconds, hint ``h``) returns the partition
+   that keeps the most nodes at ``y`` (FIX: minimal change) or, for SAMPLE, maximises the log-probability
+   under ``probs`` perturbed by Gumbel noise from the generator (so repeated SAMPLE calls differ; without
+   the noise it would be the most likely valid partition). Each node's domain is every chip when ``C <=
+   cpsat_full_chips`` (default 12; the optimum is then the global one over all valid partitions),
+   otherwise the chips within ``cpsat_window`` (default 2) of ``h_u`` plus its proposal (``y_u``, or the
+   Gumbel-max sample of ``probs[u]``), always within the pins of :meth:`MCMRepairer.restrict`. The
+   output is checked against Eqs. 2–4 and used when it scores at least as well as ``h``; otherwise (or
+   when CP-SAT returns nothing) ``h`` is returned with the stage that produced it. The chain stages
+   below are thus the last resort;
+3. ``"chain"``: the same plus the *sufficient* condition ``y_dst <= y_src + 1`` (every edge crosses at
    most one chip boundary, so all chip edges are ``d -> d+1`` and Eq. 4 cannot fail), up to
    ``chain_failures`` failures (default ``max(64, N)``). Bounds propagation decides Eq. 2 plus this
    condition without backtracking; only Eq. 3 can still fail, and it fails at once;
-3. ``"chain-cap<k>"``: the chain condition with every chip ``<= k``, ``k`` halving from ``(C - 1) // 2``;
-4. ``"complete"``: the plain search of stage 1 without a failure limit.
+4. ``"chain-cap<k>"``: the chain condition with every chip ``<= k``, ``k`` halving from ``(C - 1) // 2``;
+5. ``"complete"``: the plain search of stage 1 without a failure limit.
 
-A stage that *exhausts* its tree without a partition moves on (a restricted stage to stage 4; stage 1 means
-no partition exists). Stage 4 is complete, so the repair returns a valid partition whenever one exists,
+A stage that *exhausts* its tree without a partition moves on (a restricted stage to stage 5; stage 1 means
+no partition exists). Stage 5 is complete, so the repair returns a valid partition whenever one exists,
 reports "infeasible" when the whole tree of stage 1 or 4 is exhausted and "unknown" when
 ``time_limit_s`` runs out. Without pins (:meth:`MCMRepairer.restrict`) the static problem is never
-infeasible: all nodes on chip 0 meets Eqs. 2–4, and stage 3 reaches ``k = 0``.
+infeasible: all nodes on chip 0 meets Eqs. 2–4, and stage 4 reaches ``k = 0``. With ``restart_failures <=
+0`` the repair goes straight to stage 5 (no CP-SAT stage).
 
-The result records its stage: partitions from stages 2–3 meet the chain condition and tend to use fewer
-chips and to change more of ``y`` than the paper's procedure would with a perfect propagator.
+The result records its stage: partitions from stages 3–4 meet the chain condition and tend to use fewer
+chips and to change more of ``y`` than the paper's procedure would with a perfect propagator; "cpsat"
+partitions are a non-paper variant (spec §3.1 (c): an objective towards ``y``) and cost one CP-SAT solve
+(about 0.1–0.5 s for FIX on 36 chips and 70–180 nodes, up to a few seconds for SAMPLE; milliseconds on
+8-chip graphs of <= 50 nodes, bench/mcm_repair_stages.py). ``bench/mcm_repair_stages.py`` measures how
+often each stage runs on uniform proposals.
 """
 
 from __future__ import annotations
@@ -91,7 +114,7 @@ class RepairResult:
     nodes whose chip differs from the input ``y`` (0 when no ``y`` was given); ``failures`` and
     ``branches`` are the classic solver's counters summed over all stages; ``wall_s`` covers the searches
     only (the model of a graph is built once per :class:`MCMRepairer`); ``stage`` is the stage that
-    produced the result ("eq4", "chain", "chain-cap<k>" or "complete", see the module doc).
+    produced the result ("eq4", "cpsat", "chain", "chain-cap<k>" or "complete", see the module doc).
     """
 
     partition: np.ndarray | None
@@ -543,7 +566,7 @@ class _RepairBuilder(pywrapcp.PyDecisionBuilder):
         if not allowed & (allowed - 1):
             return allowed.bit_length() - 1
         vals = list(_bits(allowed))
-        if self._fix:
+        if self._probs is None:
             return vals[int(self._rng.integers(len(vals)))]
         w = self._probs[u, vals]
         tot = float(w.sum())
@@ -556,6 +579,127 @@ class _RepairBuilder(pywrapcp.PyDecisionBuilder):
             if r < acc:
                 return c
         return vals[-1]
+
+
+# ============================================================================================ CP-SAT stage
+def _cpsat_repair(C: int, pairs: list[tuple[int, int]], doms: list[list[int]], hint: list[int],
+                  weights: list[dict[int, int]], seed: int, dtime: float, wall: float) -> list[int] | None:
+    """The best partition with ``y_u`` in ``doms[u]`` under Eqs. 2–4, maximising ``sum_u weights[u][y_u]``
+    (CP-SAT, one worker, ``random_seed=seed``, ``dtime`` deterministic seconds, at most ``wall`` seconds);
+    ``hint`` is a valid partition inside the domains. ``None`` when CP-SAT returns no solution.
+
+    Model (as ``mcm_exact``, on the chips ``0..M-1`` that some domain holds): ``x[u, d]`` for ``d`` in
+    ``doms[u]``, exactly one per node, ``y_u = sum_d d x[u, d]``, Eq. 2 as ``y_src <= y_dst``; Eq. 3 with
+    ``used_d`` (``x[u, d] => used_d``, ``used_d => OR_u x[u, d]``, ``used_{d+1} => used_d``); Eq. 4 with
+    chip-pair booleans ``e[a, b]`` (implied by ``x[u, a] and x[v, b]`` for an edge ``(u, v)``, created only
+    for pairs some edge's domains allow) and reachability ``r[a, b]`` (implied by ``e[a, b]`` and by
+    ``r[a, k] and e[k, b]``), ``not (e[a, b] and r[a, k] and r[k, b])``. Only the implying direction is
+    needed: the true chip graph satisfies the clauses exactly when the partition meets Eq. 4."""
+    from ortools.sat.python import cp_model
+
+    n = len(doms)
+    M = max(max(d) for d in doms) + 1 if n else 1
+    md = cp_model.CpModel()
+    x: list[dict[int, object]] = []
+    ys = []
+    for u in range(n):
+        xu = {d: md.new_bool_var(f"x{u}_{d}") for d in doms[u]}
+        x.append(xu)
+        md.add_exactly_one(list(xu.values()))
+        yu = md.new_int_var_from_domain(cp_model.Domain.from_values(doms[u]), f"y{u}")
+        md.add(yu == sum(d * b for d, b in xu.items() if d))
+        ys.append(yu)
+    for a, b in pairs:  # Eq. 2
+        md.add(ys[a] <= ys[b])
+    on: list[list] = [[] for _ in range(M)]
+    for u in range(n):
+        for d, b in x[u].items():
+            on[d].append(b)
+    used = [md.new_bool_var(f"used{d}") for d in range(M)]  # Eq. 3
+    for d in range(M):
+        for b in on[d]:
+            md.add_implication(b, used[d])
+        md.add_bool_or(on[d] + [~used[d]])
+        if d + 1 < M:
+            md.add_implication(used[d + 1], used[d])
+    e: dict[tuple[int, int], object] = {}  # Eq. 4
+    for u, v in pairs:
+        xu, xv = x[u], x[v]
+        for a, ba in xu.items():
+            for b, bb in xv.items():
+                if a < b:
+                    eab = e.get((a, b))
+                    if eab is None:
+                        eab = e[a, b] = md.new_bool_var(f"e{a}_{b}")
+                    md.add_bool_or([~ba, ~bb, eab])
+    r = {(a, b): md.new_bool_var(f"r{a}_{b}") for a in range(M) for b in range(a + 1, M)}
+    for (a, b), eab in e.items():
+        md.add_implication(eab, r[a, b])
+        for k in range(a + 1, b):
+            md.add_bool_or([~eab, ~r[a, k], ~r[k, b]])
+    for (k, b), ekb in e.items():
+        for a in range(k):
+            md.add_bool_or([~r[a, k], ~ekb, r[a, b]])
+    md.maximize(sum(w * x[u][d] for u in range(n) for d, w in weights[u].items() if w))
+    for u in range(n):
+        md.add_hint(ys[u], hint[u])
+        for d, b in x[u].items():
+            md.add_hint(b, d == hint[u])
+    slv = cp_model.CpSolver()
+    prm = slv.parameters
+    prm.num_workers = 1
+    prm.random_seed = int(seed)
+    prm.max_deterministic_time = max(float(dtime), 1e-3)
+    prm.max_time_in_seconds = max(float(wall), 1e-3)
+    st = slv.solve(md)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return [int(slv.value(v)) for v in ys]
+
+
+def _static_ok(C: int, pairs: list[tuple[int, int]], f: list[int]) -> bool:
+    """Eqs. 2–4 for a full partition (a final check of the CP-SAT stage's output)."""
+    if not f:
+        return True
+    if min(f) < 0 or max(f) >= C or len(set(f)) != max(f) + 1:
+        return False
+    A = [0] * C
+    for a, b in pairs:
+        fa, fb = f[a], f[b]
+        if fa > fb:
+            return False
+        if fa < fb:
+            A[fa] |= 1 << fb
+    R2 = [0] * C  # chips reachable by a path of length >= 2
+    R = [0] * C  # reachable by length >= 1
+    for a in range(C - 1, -1, -1):
+        for k in _bits(A[a]):
+            R2[a] |= R[k]
+            R[a] |= (1 << k) | R[k]
+        if A[a] & R2[a]:
+            return False
+    return True
+
+
+def _random_topo(n: int, succs: list[list[int]], rng: np.random.Generator) -> list[int] | None:
+    """A uniformly random choice among the ready nodes at every step (Kahn); ``None`` on a cycle."""
+    indeg = [0] * n
+    for u in range(n):
+        for v in succs[u]:
+            indeg[v] += 1
+    ready = [u for u in range(n) if not indeg[u]]
+    out: list[int] = []
+    while ready:
+        i = int(rng.integers(len(ready)))
+        u = ready[i]
+        ready[i] = ready[-1]
+        ready.pop()
+        out.append(u)
+        for v in succs[u]:
+            indeg[v] -= 1
+            if not indeg[v]:
+                ready.append(v)
+    return out if len(out) == n else None
 
 
 # ============================================================================================ API
@@ -604,7 +748,8 @@ def _skip_triples(n: int, preds: list[list[int]], succs: list[list[int]]) -> lis
 class MCMRepairer:
     """The repair model of one graph (variables, Eq. 2–4 constraints), reusable across many repairs.
 
-    ``restart_failures`` and ``chain_failures`` (attributes) are the failure limits of the restart stages
+    ``restart_failures`` and ``chain_failures`` (attributes) are the failure limits of the restart stages;
+    ``cpsat`` (on/off), ``cpsat_full_chips``, ``cpsat_window`` and ``cpsat_dtime`` set the CP-SAT stage
     (module doc). ``num_nodes`` defaults to ``max(src, dst) + 1``.
     """
 
@@ -652,8 +797,54 @@ class MCMRepairer:
             slv.Add(v <= self._capvar)
         self._pos = pywrapcp.RevInteger(0)
         self._limits: dict[int, object] = {}
+        self._pairs = sorted({(a, b) for a, b in zip(s.tolist(), d.tolist()) if a != b})
+        self._pins: dict[int, set[int]] = {}
         self.restart_failures = max(32, n // 4)  # stage "eq4" failure limit (<= 0: straight to "complete")
         self.chain_failures = max(64, n)  # failure limit of the chain stages
+        self.cpsat = True  # run the "cpsat" stage when "eq4" gives up (module doc)
+        self.cpsat_full_chips = 12  # up to this many chips every node's CP-SAT domain is every chip
+        self.cpsat_window = 2  # else: the chips within this distance of the reference, and the proposal
+        self.cpsat_dtime = 1.0  # CP-SAT deterministic time limit (seconds of its own clock)
+
+    def _cpsat_stage(self, mode: str, y: list[int] | None, probs: np.ndarray | None, ref: list[int],
+                     rng: np.random.Generator, deadline: float) -> list[int] | None:
+        """The "cpsat" stage: CP-SAT over domains around the valid partition ``ref`` (hinted), maximising
+        the nodes kept at ``y`` (FIX) or the Gumbel-perturbed log-probability (SAMPLE). Returns the
+        partition when it is valid and scores at least ``ref``, else ``None``."""
+        n, C = self.num_nodes, self.num_chips
+        if mode == "fix":
+            target = y
+            weights = [{y[u]: 1} for u in range(n)]
+        else:
+            # Gumbel-max: argmax_d (log p + g) is a sample of p_u; the perturbed log-probability is the
+            # objective, so repeated SAMPLE calls give different partitions
+            lp = np.log(np.maximum(probs, 1e-9)) + rng.gumbel(size=probs.shape)
+            target = lp.argmax(axis=1).tolist()
+            wi = np.rint((lp - lp.max(axis=1, keepdims=True)) * 100).astype(np.int64).tolist()
+        full = list(range(min(C, n))) if C <= self.cpsat_full_chips else None
+        w = self.cpsat_window
+        doms = []
+        for u in range(n):
+            dom = set(full) if full is not None else set(range(max(0, ref[u] - w), min(C, ref[u] + w + 1)))
+            dom.add(target[u])
+            if u in self._pins:
+                dom &= self._pins[u]
+            dom.add(ref[u])
+            doms.append(sorted(dom))
+        if mode == "sample":
+            weights = [{d: wi[u][d] for d in doms[u]} for u in range(n)]
+        else:
+            weights = [{c: v for c, v in weights[u].items() if c in doms[u]} for u in range(n)]
+        seed = int(rng.integers(1 << 30))
+        out = _cpsat_repair(min(C, n), self._pairs, doms, ref, weights, seed, self.cpsat_dtime,
+                            deadline - time.perf_counter())
+        if out is None or not _static_ok(C, self._pairs, out):
+            return None
+
+        def score(f):
+            return sum(weights[u].get(f[u], 0) for u in range(n))
+
+        return out if score(out) >= score(ref) else None
 
     def restrict(self, node: int, chips) -> None:
         """Permanently limit ``node`` to ``chips`` for every later repair (pinned ops; also the only way to
@@ -663,6 +854,7 @@ class MCMRepairer:
         vals = sorted({int(c) for c in np.asarray(chips).ravel().tolist()} & set(range(self.num_chips)))
         slv = self._solver
         slv.Add(slv.MemberCt(self._ys[int(node)], vals) if vals else slv.FalseConstraint())
+        self._pins[int(node)] = self._pins.get(int(node), set(range(self.num_chips))) & set(vals)
 
     def repair(self, mode: str = "fix", y=None, probs=None, seed: int = 0, order=None,
                time_limit_s: float = 10.0) -> RepairResult:
@@ -681,9 +873,9 @@ class MCMRepairer:
         elif mode == "fix":
             raise ValueError("y is required in mode 'fix'")
         pr = None
-        if mode == "sample":
-            if probs is None:
-                raise ValueError("probs is required in mode 'sample'")
+        if mode == "sample" and probs is None:
+            raise ValueError("probs is required in mode 'sample'")
+        if probs is not None:
             pr = np.asarray(probs, dtype=np.float64)
             if pr.shape != (n, C):
                 raise ValueError(f"probs must have shape ({n}, {C}), got {pr.shape}")
@@ -691,7 +883,7 @@ class MCMRepairer:
                 raise ValueError("probs must be finite and non-negative")
         rng = np.random.Generator(np.random.PCG64(seed))
         if order is None:
-            ordl = rng.permutation(n).tolist()
+            ordl = _random_topo(n, self._succs, rng) or rng.permutation(n).tolist()
         else:
             oa = np.asarray(order)
             if oa.shape != (n,) or (n and not np.issubdtype(oa.dtype, np.integer)) or \
@@ -732,10 +924,18 @@ class MCMRepairer:
             else:
                 cap, stage = C - 1, "complete"  # a restricted stage was exhausted
             st.reset()
+        sol = db.solution if found else None
+        if sol is not None and stage not in ("eq4", "complete") or (stage == "complete" and sol is not None
+                                                                     and self.restart_failures > 0):
+            # "eq4" gave up: the minimal-change (FIX) / most likely (SAMPLE) partition near this one
+            if self.cpsat and time.perf_counter() < deadline:
+                best = self._cpsat_stage(mode, yl, pr, sol, rng, deadline)
+                if best is not None:
+                    sol, stage = best, "cpsat"
         wall = time.perf_counter() - t0
         fails, branches = slv.Failures() - f0, slv.Branches() - b0
-        if found and db.solution is not None:
-            part = np.asarray(db.solution, dtype=np.int64)
+        if sol is not None:
+            part = np.asarray(sol, dtype=np.int64)
             changed = int((part != np.asarray(yl)).sum()) if yl is not None else 0
             return RepairResult(part, "valid", changed, int(fails), int(branches), wall, stage)
         status = "unknown" if db.timed_out or time.perf_counter() >= deadline else "infeasible"
@@ -751,14 +951,16 @@ def repair(num_chips: int, src, dst, mode: str = "fix", y=None, probs=None, seed
     """Repair a candidate partition into one that satisfies Eqs. 2–4 (spec §3, paper Algorithms 1/2).
 
     ``mode="fix"`` needs ``y`` (shape ``[N]``, chips in ``[0, num_chips)``): nodes keep their chip when it is
-    still in their domain, the others get a uniformly random chip of their domain in a second pass.
+    still in their domain, the others get a chip of their domain in a second pass, drawn from ``probs``
+    (optional here, shape ``[N, num_chips]``) renormalised over the domain, uniformly without ``probs``.
     ``mode="sample"`` needs ``probs`` (shape ``[N, num_chips]``, non-negative): each node samples from its
     row renormalised over its domain; a ``y`` given here only feeds ``changed``. ``order`` is the node
-    order (a permutation of ``range(N)``; default: a random one from ``seed``). ``N`` is the length of ``y``
-    or ``probs`` (or ``num_nodes``). The result depends only on the arguments (the search is deterministic
-    given ``seed``) unless ``time_limit_s`` cuts it short; ``status`` is "valid", "infeasible" or "unknown"
-    and ``stage`` tells which restart stage produced it (module doc). The model of a graph is cached (the
-    last few graphs), so repeated calls on one graph pay only for the search.
+    order (a permutation of ``range(N)``; default: a random topological order from ``seed``). ``N`` is the
+    length of ``y`` or ``probs`` (or ``num_nodes``). The result depends only on the arguments (the search,
+    CP-SAT stage included, is deterministic given ``seed``) unless ``time_limit_s`` cuts it short;
+    ``status`` is "valid", "infeasible" or "unknown" and ``stage`` tells which restart stage produced it
+    (module doc). The model of a graph is cached (the last few graphs), so repeated calls on one graph pay
+    only for the search (and the CP-SAT stage, when it runs, for its per-repair model).
     """
     n = num_nodes
     for name, arr, dims in (("y", y, 1), ("probs", probs, 2)):
