@@ -1,0 +1,193 @@
+"""PPO that learns where CP-SAT should re-solve next (``partition --algo ppo-lns``; issue 17).
+
+The thin Ray layer over :class:`~archplace.algorithms.rl.mcm_lns_env.MCMLNSEnv`:
+
+* :func:`lns_ppo_config` is an RLlib new-API-stack PPO whose module is RLlib's action-masking PPO module
+  (``log(mask)`` added to the logits; the env's Dict observation carries the mask) over an MLP of the
+  chip-load features. The MCM sampler's GraphSAGE encoder is *not* reused: the action here is a chip
+  window relative to the slowest chip, which the per-chip loads describe directly and which keeps the
+  policy independent of the graph and the chip count;
+* :func:`ppo_lns_search` is one search on one graph for a fixed wall time: every episode starts from the
+  best partition found so far, PPO updates between rollouts (or none: ``train=False``, the pre-trained
+  policy as it is), optionally from pre-trained weights;
+* :func:`pretrain_lns` trains one policy on many graphs for a fixed number of sub-solves.
+
+The wall-time budget is enforced inside the env (``deadline``): a step after it solves nothing and ends
+the episode, so a search never overruns its budget by more than one sub-solve.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...simulators.mcm import MCMProblem, evaluate
+from .mcm_lns_env import MCMLNSEnv
+
+PPO_DEFAULTS = {"lr": 3e-4, "gamma": 0.9, "lambda_": 0.95, "entropy_coeff": 0.01, "num_epochs": 4,
+                "train_batch_size_per_learner": 32, "minibatch_size": 16, "vf_loss_coeff": 0.5}
+MODEL_DEFAULTS = {"fcnet_hiddens": [64, 64], "vf_share_layers": False}
+
+
+def lns_log_callback():
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    class MCMLNSLog(RLlibCallback):
+        """Logs ``[graph, unix time, max latency, *partition]`` whenever a runner's env improves its best
+        partition of a graph, and ``[graph, subsolve wall]`` per step, so the driver sees both from any
+        runner."""
+
+        def on_episode_step(self, *, episode, metrics_logger=None, **kwargs: Any) -> None:
+            info = episode.get_infos(-1)
+            if metrics_logger is None or not isinstance(info, dict) or "max_latency_s" not in info:
+                return
+            if info.get("subsolve_wall_s") is not None:
+                row = [float(info["graph_index"]), float(info["subsolve_wall_s"])]
+                metrics_logger.log_value(LNS_STEPS_KEY, row, reduce="item_series")
+            if info.get("best_partition") is not None:
+                metrics_logger.log_value(LNS_BEST_KEY, [float(info["graph_index"]), time.time(),
+                                                        float(info["max_latency_s"]),
+                                                        *(float(c) for c in info["best_partition"])],
+                                         reduce="item_series")
+
+    return MCMLNSLog
+
+
+LNS_BEST_KEY = "mcm_lns_best"
+LNS_STEPS_KEY = "mcm_lns_steps"
+
+
+def lns_ppo_config(problems: list[MCMProblem], *, seed: int = 0, init: str = "greedy",
+                   subsolve_s: float = 1.0, deadline: float | None = None, start_partitions=None,
+                   ppo: dict | None = None, model: dict | None = None, num_env_runners: int = 0):
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+
+    env_cfg = {"problems": list(problems), "seed": seed, "init": init, "subsolve_s": subsolve_s,
+               "deadline": deadline, "start_partitions": start_partitions}
+    ppo_cfg = {**PPO_DEFAULTS, **(ppo or {})}
+    batch = int(ppo_cfg["train_batch_size_per_learner"])
+    config = (
+        PPOConfig()
+        .environment(MCMLNSEnv, env_config=env_cfg)
+        .framework("torch")
+        .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1,
+                     rollout_fragment_length=max(1, batch // max(1, num_env_runners)))
+        .training(**ppo_cfg)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=ActionMaskingTorchRLModule,
+                                               model_config={**MODEL_DEFAULTS, **(model or {})}))
+        .debugging(seed=seed)
+    )
+    return config.callbacks(lns_log_callback())
+
+
+@dataclass
+class LNSRun:
+    """A learned-LNS search: best partition and max latency, the best-so-far curve over wall time
+    (``trace_t_s``, ``trace_max_latency_s``), sub-solves, PPO iterations and the final module state."""
+
+    partition: np.ndarray
+    max_latency_s: float
+    throughput: float
+    seed_throughput: float
+    subsolves: int
+    iterations: int
+    wall_s: float
+    trace_t_s: list[float] = field(default_factory=list)
+    trace_max_latency_s: list[float] = field(default_factory=list)
+    state: dict | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"lns_subsolves": self.subsolves, "ppo_iterations": self.iterations, "lns_wall_s": self.wall_s,
+                "lns_seed_throughput": self.seed_throughput}
+
+
+def _rows(result: dict, key: str) -> list[list[float]]:
+    from .callbacks import _items
+
+    return _items(result.get("env_runners", {}).get(key))
+
+
+def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, init_state: dict | None = None,
+                   train: bool = True, start_partition=None, subsolve_s: float = 1.0, ppo: dict | None = None,
+                   keep_state: bool = False) -> LNSRun:
+    """Learned LNS on one graph for ``time_limit_s`` seconds from ``start_partition`` (default: greedy after
+    repair); every episode restarts from the best partition so far. Counts the algorithm build in the
+    budget. The result is never worse than the start."""
+    import torch
+
+    if not time_limit_s > 0:
+        raise ValueError(f"time_limit_s is {time_limit_s}, must be > 0")
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    deadline = time.time() + time_limit_s
+    starts = None if start_partition is None else [np.asarray(start_partition, dtype=np.int64)]
+    algo = lns_ppo_config([problem], seed=seed, init="best", subsolve_s=subsolve_s, deadline=deadline,
+                          start_partitions=starts, ppo=ppo).build_algo()
+    from .mcm_ppo import load_module_state, module_state
+
+    try:
+        if init_state is not None:
+            load_module_state(algo, init_state)
+        env = algo.env_runner.env.unwrapped.envs[0].unwrapped if algo.env_runner is not None else None
+        start = (starts[0] if starts else env.start_partition(0)) if env is not None else starts[0]
+        ev = evaluate(problem, start)
+        best_L, best_f = float(ev.max_latency_s[0]), np.asarray(start).copy()
+        seed_tp = float(ev.throughput[0])
+        trace_t, trace_L = [time.perf_counter() - t0], [best_L]
+        iters = subsolves = 0
+        batch = int(algo.config.train_batch_size_per_learner)
+        while time.time() < deadline:
+            if train:
+                res = algo.train()
+            else:
+                algo.env_runner.sample(num_timesteps=batch, explore=True)
+                res = {"env_runners": {k: (v.peek() if hasattr(v, "peek") else v)
+                                       for k, v in algo.env_runner.get_metrics().items()}}
+            iters += 1
+            subsolves += len(_rows(res, LNS_STEPS_KEY))
+            for row in sorted(_rows(res, LNS_BEST_KEY), key=lambda r: r[1]):
+                if row[2] < best_L:
+                    best_L, best_f = float(row[2]), np.asarray(row[3:], dtype=np.int64)
+                    trace_t.append(row[1] - (deadline - time_limit_s))
+                    trace_L.append(best_L)
+        state = module_state(algo) if keep_state else None
+    finally:
+        algo.stop()
+    tp = 1.0 / best_L if best_L > 0 else float("inf")
+    return LNSRun(best_f, best_L, tp, seed_tp, subsolves, iters, time.perf_counter() - t0, trace_t, trace_L,
+                  state)
+
+
+def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = 1.0,
+                 ppo: dict | None = None, log=None) -> tuple[dict, dict[str, Any]]:
+    """One policy trained on ``problems`` (a random graph per episode, each episode from the greedy
+    partition) for ``subsolves`` environment steps; returns the final module state and a summary
+    (iterations, mean reward per iteration, wall)."""
+    import torch
+
+    from .mcm_ppo import module_state
+
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    algo = lns_ppo_config(problems, seed=seed, init="greedy", subsolve_s=subsolve_s, ppo=ppo).build_algo()
+    rewards: list[float] = []
+    try:
+        done = 0
+        while done < subsolves:
+            res = algo.train()
+            done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+            r = res["env_runners"].get("episode_return_mean")
+            rewards.append(float(r) if r is not None else float("nan"))
+            if log:
+                log(f"pretrain-lns {done}/{subsolves} sub-solves, mean episode return {rewards[-1]:.3f}, "
+                    f"{time.perf_counter() - t0:.0f} s")
+        state = module_state(algo)
+    finally:
+        algo.stop()
+    return state, {"iterations": len(rewards), "episode_return_mean": rewards, "subsolves": done,
+                   "wall_s": time.perf_counter() - t0}
