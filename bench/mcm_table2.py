@@ -1,6 +1,6 @@
 """MCM partitioning on held-out test graphs: the paper's Table 2 and the claims around it (issue 6).
 
-    python bench/mcm.py [--samples 600] [--graphs NAME,...] [--workers 2] [--pretrained PATH]
+    python bench/mcm_table2.py [--samples 600] [--graphs NAME,...] [--workers 2] [--pretrained PATH]
 
 Under the analytical cost model on ``mcm-36`` for the 16 test graphs (LSTM + transformer families, never
 seen in pre-training), every method gets the same budget of samples (evaluated partitions):

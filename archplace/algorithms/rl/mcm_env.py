@@ -171,6 +171,9 @@ class MCMPartitionEnv(gym.Env):
         self.load_features = bool(config.get("load_features", False))
         # samples after this many no longer update ``best`` (a PPO iteration may overshoot a search budget)
         self.sample_budget = config.get("sample_budget")
+        # unix time after which steps neither repair nor evaluate (a wall-time budget, bench/mcm.py): such a
+        # step ends the episode with reward 0 and no "throughput" in info, so no callback counts it
+        self.deadline = config.get("deadline")
         # distinct streams per RLlib env runner / sub-env (EnvContext carries the indices)
         base = int(config.get("seed", 0))
         wi, vi = int(getattr(config, "worker_index", 0)), int(getattr(config, "vector_index", 0))
@@ -310,6 +313,9 @@ class MCMPartitionEnv(gym.Env):
         :class:`~archplace.algorithms.rl.mcm_connectors.RepairActions` connector."""
         p = self.problems[self._g]
         n, c = p.num_nodes, p.num_chips
+        if self._past_deadline():
+            self._pending = None
+            return self.pad(np.clip(np.asarray(action, dtype=np.int64).reshape(-1)[:n], 0, c - 1))
         y = np.clip(np.asarray(action, dtype=np.int64).reshape(-1)[:n], 0, c - 1)
         raw = evaluate(p, y)
         status, changed, stage = "none", 0, None
@@ -328,9 +334,17 @@ class MCMPartitionEnv(gym.Env):
                          "stage": stage, "padded": padded}
         return padded.copy()
 
+    def _past_deadline(self) -> bool:
+        import time
+
+        return self.deadline is not None and time.time() >= float(self.deadline)
+
     def step(self, action):
         p, g = self.problems[self._g], self._g
         a = np.asarray(action, dtype=np.int64).reshape(-1)
+        if self._past_deadline():
+            self._t += 1
+            return self._obs(), 0.0, True, False, {"graph": self.names[g], "graph_index": g, "deadline": True}
         rep = self._pending
         if rep is None or not np.array_equal(rep["padded"], a):
             self.repair_action(a)   # not repaired beforehand (no connector): repair here

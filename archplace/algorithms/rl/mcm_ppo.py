@@ -203,13 +203,14 @@ def load_module_state(algo, state: dict[str, Any]) -> None:
     algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
 
 
-def train_samples(algo, samples: int, train: bool = True, tracker: SampleTracker | None = None
-                  ) -> SampleTracker:
-    """Run until ``samples`` more partitions have been evaluated: PPO iterations, or (``train=False``)
-    sampling from the current policy without updates (zero-shot)."""
+def train_samples(algo, samples: int, train: bool = True, tracker: SampleTracker | None = None,
+                  deadline: float | None = None) -> SampleTracker:
+    """Run until ``samples`` more partitions have been evaluated (or the ``time.time()`` ``deadline``
+    passes, checked between iterations): PPO iterations, or (``train=False``) sampling from the current
+    policy without updates (zero-shot)."""
     tracker = tracker or SampleTracker(algo)
     target = tracker.total + samples
-    while tracker.total < target:
+    while tracker.total < target and (deadline is None or time.time() < deadline):
         if train:
             tracker.update(algo.train())
         else:
@@ -252,24 +253,27 @@ def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: d
               train: bool = True, repair: str = "fix", env: dict | None = None, ppo: dict | None = None,
               model: dict | None = None, method: str | None = None, n_max: int = CORPUS_N_MAX,
               e_max: int = CORPUS_E_MAX, keep_state: bool = False, num_env_runners: int = 0,
-              num_learners: int = 0) -> RLRun:
+              num_learners: int = 0, time_limit_s: float | None = None) -> RLRun:
     """PPO on one graph for ``samples`` evaluated partitions. ``init_state``: start from these module
     weights (fine-tuning, or zero-shot with ``train=False``); ``repair="none"``: RL without the solver
     (invalid -> reward 0). A graph larger than ``n_max`` / ``e_max`` widens the padding (the weights do not
-    depend on it)."""
+    depend on it). ``time_limit_s``: also stop at that wall time (the algorithm build included): past it
+    the env stops evaluating (its ``deadline``), so the running iteration ends within one sample."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     name = method or ("rl" if init_state is None else ("rl_finetune" if train else "rl_zeroshot"))
     t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else time.time() + time_limit_s
     algo = build_ppo([problem], num_chips=problem.num_chips, seed=seed,
-                     env={**(env or {}), "repair": repair, "sample_budget": samples},
+                     env={**(env or {}), "repair": repair, "sample_budget": samples, "deadline": deadline},
                      ppo=ppo, model=model, n_max=max(n_max, problem.num_nodes),
                      e_max=max(e_max, problem.num_edges), num_env_runners=num_env_runners,
                      num_learners=num_learners)
     try:
         if init_state is not None:
             load_module_state(algo, init_state)
-        e = train_samples(algo, samples, train=train, tracker=SampleTracker(algo, budget=samples))
+        e = train_samples(algo, samples, train=train, tracker=SampleTracker(algo, budget=samples),
+                          deadline=deadline)
         nodes = env_runner_nodes(algo)
         hist = np.asarray(e.history[e.names[0]][:samples], dtype=float)
         best = e.best.get(e.names[0])

@@ -98,8 +98,9 @@ def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = No
 
 
 def random_search(problem: MCMProblem, samples: int, seed: int = 0,
-                  repairer: MCMRepairer | None = None) -> SearchTrace:
-    """Uniform distribution through SAMPLE repair (the paper's Random)."""
+                  repairer: MCMRepairer | None = None, time_limit_s: float | None = None) -> SearchTrace:
+    """Uniform distribution through SAMPLE repair (the paper's Random); with ``time_limit_s`` it stops
+    at that wall time too (``samples`` is then an upper bound)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     rep = repairer or _repairer(problem)
@@ -108,7 +109,11 @@ def random_search(problem: MCMProblem, samples: int, seed: int = 0,
     best, best_part, valid = 0.0, None, 0
     trace = np.zeros(samples)
     stats = RepairStats(problem.num_nodes)
+    done = samples
     for k in range(samples):
+        if time_limit_s is not None and k and time.perf_counter() - t0 >= time_limit_s:
+            done = k
+            break
         res = rep.repair("sample", probs=probs, seed=seed * 1_000_003 + k)
         stats.add(res.stage)
         tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
@@ -116,16 +121,19 @@ def random_search(problem: MCMProblem, samples: int, seed: int = 0,
         if tp > best:
             best, best_part = tp, res.partition
         trace[k] = best
-    return SearchTrace("random", trace, best_part, valid, time.perf_counter() - t0, stats.summary())
+    return SearchTrace("random", trace[:done], best_part, valid, time.perf_counter() - t0, stats.summary())
 
 
 def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset_fraction: float = 0.1,
                         temp_start: float = 0.05, temp_end: float = 0.001,
-                        repairer: MCMRepairer | None = None) -> SearchTrace:
+                        repairer: MCMRepairer | None = None, time_limit_s: float | None = None
+                        ) -> SearchTrace:
     """SA over per-node distributions (paper §5.1). A move redraws the distributions of
     ``subset_fraction`` of the nodes from a flat Dirichlet; the solver samples a partition from the
     new distributions; it is accepted with probability min(1, exp((T_new/T_cur - 1) / temp)), temp
-    falling geometrically from ``temp_start`` to ``temp_end`` (relative throughput units)."""
+    falling geometrically from ``temp_start`` to ``temp_end`` (relative throughput units). With
+    ``time_limit_s`` the schedule runs on the larger of the sample and the wall-time fractions and the
+    search stops at that wall time."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if not 0 < subset_fraction <= 1:
@@ -140,8 +148,16 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
     best_part, valid, accepted = None, 0, 0
     trace = np.zeros(samples)
     stats = RepairStats(problem.num_nodes)
+    done = samples
     for k in range(samples):
-        temp = temp_start * (temp_end / temp_start) ** (k / max(samples - 1, 1))
+        frac = k / max(samples - 1, 1)
+        if time_limit_s is not None:
+            el = time.perf_counter() - t0
+            if k and el >= time_limit_s:
+                done = k
+                break
+            frac = min(1.0, max(frac, el / time_limit_s))
+        temp = temp_start * (temp_end / temp_start) ** frac
         cand = probs.copy()
         if k > 0:
             nodes = rng.choice(n, size=k_nodes, replace=False)
@@ -156,5 +172,5 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
             probs, cur = cand, tp
             accepted += 1
         trace[k] = best
-    return SearchTrace("sa", trace, best_part, valid, time.perf_counter() - t0,
+    return SearchTrace("sa", trace[:done], best_part, valid, time.perf_counter() - t0,
                        {"accepted": accepted, **stats.summary()})
