@@ -150,6 +150,8 @@ P = api.PlaceRequest
     (api.PartitionRequest("bert-base", zero_shot=True), "pretrained and zero_shot apply to algo ppo"),
     (api.PartitionRequest("bert-base", algo="ppo", zero_shot=True), "zero_shot needs pretrained"),
     (api.PartitionRequest("bert-base", polish=-1), "polish must be seconds in [0, 86400], got -1"),
+    (api.PartitionRequest("bert-base", algo="ppo-lns"), "algo ppo-lns needs polish SECONDS > 0"),
+    (api.PartitionRequest("bert-base", algo="sa", pretrained="w.npz"), "apply to algo ppo or ppo-lns, not sa"),
     (api.PipelineRequest("bert-base", cluster="D"), "cluster must be one of ['A', 'B', 'C'], got 'D'"),
     (api.PipelineRequest("bert-base", cluster="A", stages=9), "stages must be in [2, 8], got 9"),
     (api.PipelineRequest("bert-base", algo="nope"),

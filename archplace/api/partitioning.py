@@ -27,14 +27,14 @@ from ._common import (
 )
 from .graphs import load_graph
 
-PARTITION_ALGOS = ("greedy", "random", "sa", "ppo")
+PARTITION_ALGOS = ("greedy", "random", "sa", "ppo", "ppo-lns")
 
 
 @dataclass(frozen=True)
 class PartitionRequest(Request):
     model: str                      # preset name, dnn-partitioning .json or archplace .parquet
     chiplets: int = 36
-    algo: str = "sa"                # greedy, random, sa, ppo (ppo needs a running Ray)
+    algo: str = "sa"                # greedy, random, sa, ppo, ppo-lns (the PPO ones need a running Ray)
     budget: int = 200               # samples (evaluated partitions)
     seed: int = 0
     seq: int | None = None
@@ -44,11 +44,12 @@ class PartitionRequest(Request):
     env_runners: int = 0            # ppo: remote EnvRunner actors that sample (0: in this process)
     learners: int = 0               # ppo: remote Learner actors (0: in this process)
     config: str | None = None       # ppo: YAML overriding mcm_ppo.yaml's ppo/model/env keys (tune-rl's best)
-    polish: float = 0.0             # seconds of CP-SAT neighbourhood search on the best partition (0: none)
+    polish: float = 0.0             # seconds of CP-SAT neighbourhood search on the best partition (0: none);
+                                    # ppo-lns: the seconds of its learned neighbourhood search (required)
 
     @property
     def needs_ray(self) -> bool:
-        return self.algo == "ppo"
+        return self.algo in ("ppo", "ppo-lns")
 
     def validate(self) -> None:
         check_model(self.model, files=True)
@@ -73,15 +74,19 @@ class PartitionRequest(Request):
         if self.algo != "ppo" and (self.env_runners or self.learners or self.config):
             raise InvalidRequest("{env_runners}, {learners} and {config} apply to {algo} ppo, not "
                                  + self.algo, "env_runners", "learners", "config", "algo")
-        if self.algo != "ppo" and (self.pretrained or self.zero_shot):
-            raise InvalidRequest("{pretrained} and {zero_shot} apply to {algo} ppo, not " + self.algo,
-                                 "pretrained", "zero_shot", "algo")
+        if self.algo not in ("ppo", "ppo-lns") and (self.pretrained or self.zero_shot):
+            raise InvalidRequest("{pretrained} and {zero_shot} apply to {algo} ppo or ppo-lns, not "
+                                 + self.algo, "pretrained", "zero_shot", "algo")
+        if self.algo == "ppo-lns" and not self.polish > 0:
+            raise InvalidRequest("{algo} ppo-lns needs {polish} SECONDS > 0 (its wall-time budget)", "algo",
+                                 "polish")
         if self.zero_shot and not self.pretrained:
             raise InvalidRequest("{zero_shot} needs {pretrained} PATH (the policy to sample)",
                                  "zero_shot", "pretrained")
         if self.pretrained and not os.path.exists(self.pretrained):
-            raise invalid("pretrained", f"{self.pretrained} does not exist "
-                                        "(bench/mcm_pretrain.py writes bench/results/mcm_pretrained.npz)")
+            raise invalid("pretrained", f"{self.pretrained} does not exist (bench/mcm_pretrain.py writes "
+                                        "bench/results/mcm_pretrained.npz for ppo, bench/mcm_lns_pretrain.py "
+                                        "bench/results/mcm_lns_pretrained.npz for ppo-lns)")
 
 
 @dataclass
@@ -135,7 +140,7 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
     g_part, g_tp, g_rep = greedy(problem, seed=req.seed, repairer=rep, with_repair=True)
     steps.stage("greedy", throughput=g_tp)
     details: dict[str, Any] = {"greedy_repair_stage": g_rep.stage, "greedy_repair_changed": g_rep.changed}
-    if req.algo == "greedy":
+    if req.algo in ("greedy", "ppo-lns"):
         part, samples = g_part, 1
     else:
         if req.algo == "ppo":  # PPO with FIX-repaired actions, optionally fine-tuned from pre-trained weights
@@ -150,7 +155,18 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
             part = g_part
         steps.stage("search", samples=samples)
     details["sampler_throughput"] = float(evaluate(problem, part).throughput[0])
-    if req.polish > 0:
+    if req.algo == "ppo-lns":
+        from ..algorithms.rl.mcm_lns_ppo import ppo_lns_search
+        from ..algorithms.rl.mcm_ppo import load_state
+
+        state = load_state(req.pretrained)[0] if req.pretrained else None
+        run = ppo_lns_search(problem, float(req.polish), seed=req.seed, init_state=state,
+                             train=not req.zero_shot, start_partition=part)
+        part = run.partition
+        mode = "zero-shot" if req.zero_shot else ("fine-tuned" if state else "from scratch")
+        details.update({**run.summary(), "pretrained": req.pretrained, "mode": mode})
+        steps.stage("polish", subsolves=run.subsolves, throughput=run.throughput)
+    elif req.polish > 0:
         from ..algorithms.solvers.mcm_lns import lns
 
         polished = lns(problem, part, time_limit_s=float(req.polish), seed=req.seed)

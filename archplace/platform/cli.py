@@ -261,7 +261,11 @@ def print_partition(res: dict[str, Any]) -> None:
               f"{res['repair_chain_share']:.1%}")
     print(f"  greedy       repaired in stage {res['greedy_repair_stage'] or 'none (already valid)'}, "
           f"{res['greedy_repair_changed']} nodes changed")
-    if "lns_subsolves" in res:
+    if "lns_subsolves" in res and "lns_gap" not in res:
+        print(f"  ppo-lns      {res['lns_subsolves']} CP-SAT sub-solves chosen by PPO ({res['mode']}, "
+              f"{res['ppo_iterations']} iterations) in {res['lns_wall_s']:.1f} s: "
+              f"{res['sampler_throughput']:.2f} -> {res['throughput']:.2f} /s")
+    elif "lns_subsolves" in res:
         gap = f"; at most {res['lns_gap']:.1%} from the optimum" if res["lns_stopped"] != "optimal" else \
             "; proven optimal"
         print(f"  polish       {res['lns_subsolves']} CP-SAT sub-solves in {res['lns_wall_s']:.1f} s, "
@@ -419,9 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--algo", choices=api.PARTITION_ALGOS, default="sa")
     pa.add_argument("--budget", type=int, default=200, help="samples (evaluated partitions)")
     pa.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
-                    help="then CP-SAT large-neighbourhood search on the best partition for SECONDS")
+                    help="then CP-SAT large-neighbourhood search on the best partition for SECONDS "
+                         "(ppo-lns: the seconds of its learned search)")
     pa.add_argument("--pretrained", default=None,
-                    help="ppo: start from these pre-trained weights (.npz from bench/mcm_pretrain.py)")
+                    help="ppo / ppo-lns: start from these pre-trained weights (.npz from "
+                         "bench/mcm_pretrain.py / bench/mcm_lns_pretrain.py)")
     pa.add_argument("--zero-shot", action="store_true", help="ppo: sample the pre-trained policy, no updates")
     pa.add_argument("--seq", type=int, default=None)
     pa.add_argument("--mbs", type=int, default=1)
