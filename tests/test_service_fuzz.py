@@ -221,9 +221,9 @@ ENDPOINTS: dict[str, tuple[str, dict, dict[str, list]]] = {
         "ilp_time_limit_s": bad_float(0, 120, True, False)}),
     "partition": ("/v1/partitions", {"model": "bert-base", "chiplets": 8}, {
         "model": BAD_MODEL, "chiplets": bad_int(1, 64, False),
-        "algo": bad_literal(["greedy", "random", "sa", "ppo"]), "budget": bad_int(1, 5000, False),
+        "algo": bad_literal(["greedy", "random", "sa", "ppo", "ppo-lns"]), "budget": bad_int(1, 5000, False),
         "seed": bad_int(0, 2**31 - 1, False), "seq": bad_int(1, 32_768, True),
-        "mbs": bad_int(1, 1024, False)}),
+        "mbs": bad_int(1, 1024, False), "polish": bad_float(0, 600, False, False)}),
     "pipeline": ("/v1/pipelines", {"model": "bert-base"}, {
         "model": BAD_MODEL, "cluster": bad_literal(["A", "B", "C"]) + ["D", "a"],
         "stages": bad_int(2, 8, True), "algo": bad_literal(["exact", "rainbow", "pretrained"]),

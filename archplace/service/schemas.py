@@ -302,11 +302,12 @@ class PartitionRequest(Strict):
 
     model: str
     chiplets: int = Field(default=36, ge=1, le=64)
-    algo: Literal["greedy", "random", "sa", "ppo"] = "greedy"
+    algo: Literal["greedy", "random", "sa", "ppo", "ppo-lns"] = "greedy"
     budget: int = Field(default=200, ge=1, le=5000)
     seed: Seed = 0
     seq: int | None = Field(default=None, ge=1, le=32_768)
     mbs: int = Field(default=1, ge=1, le=1024)
+    polish: float = Field(default=0.0, ge=0.0, le=600.0)  # CP-SAT neighbourhood search seconds (ppo-lns: > 0)
 
     _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
 
