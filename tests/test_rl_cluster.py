@@ -33,8 +33,12 @@ def _cli(cluster, *args: str, timeout: float = 600) -> dict:
 def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster):
     res = _cli(cluster, "partition", "bert-base", "--seq", "128", "--chiplets", "8", "--algo", "ppo",
                "--budget", "40", "--env-runners", "2")
-    # the repair has a wall-clock limit, so on a loaded machine a few samples may end unrepaired
-    assert res["samples"] == 40 and res["valid"] and 1 <= res["valid_samples"] <= 40
+    # every sample's repair reached the driver from both runners (its stage counted once); most repaired
+    # partitions of an untrained policy fail memory on bert-base over 8 chips (the repair models
+    # Eqs. 2-4, not the dynamic memory constraint H: 0-1 valid of 40 before and after issue 17's repair)
+    assert res["samples"] == 40 and res["valid"] and 0 <= res["valid_samples"] <= 40
+    assert res["repairs"] == sum(res["repair_stages"].values()) == 40
+    assert res["greedy_repair_stage"] in (None, "eq4", "cpsat", "complete")
     assert res["throughput"] >= res["greedy_throughput"] > 0
     assert sorted(res["env_runner_nodes"]) == sorted([cluster.head_node_id, cluster.worker_node_id])
 

@@ -144,7 +144,8 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         part, samples = g_part, 1
     else:
         if req.algo == "ppo":  # PPO with FIX-repaired actions, optionally fine-tuned from pre-trained weights
-            part, samples, details = _ppo(problem, req)
+            part, samples, ppo_details = _ppo(problem, req)
+            details.update(ppo_details)
             best = None if part is None else float(evaluate(problem, part).throughput[0])
         else:
             run = random_search if req.algo == "random" else simulated_annealing
