@@ -9,8 +9,8 @@ For every graph and mode, ``--repairs`` seeded repairs of uniform proposals: FIX
 ``cpsat``, ``chain``, ``chain-cap<k>``, ``complete``; the chain rate counts every stage starting with
 "chain"), the median fraction of nodes whose chip differs from ``y`` (FIX only: a uniform SAMPLE has no
 proposal to differ from), the median number of chips used and the median repair wall time. Every output
-is checked against Eqs. 2–4. ``--before PATH`` copies the summaries of an earlier run (e.g. the code
-before a change) into the output as ``before``. Runs in one process; writes
+is checked against Eqs. 2–4 (``simulators.mcm.static_valid``). ``--before PATH`` copies the summaries of
+an earlier run (e.g. the code before a change) into the output as ``before``. Runs in one process; writes
 ``bench/results/mcm_repair_stages.json`` with the commit, the command and the machine load
 (``bench/_meta.py``).
 """
@@ -38,25 +38,9 @@ SMALL_LSTMS = {"lstm-s0_t2_h256": (2, 256, 101, 32), "lstm-s1_t2_h512": (2, 512,
 BIG_DEFAULT = "lstm0_t3_h256,lstm2_t5_h512,lstm4_t8_h512,bert-l2-h384-s128,llama-l2-h256-s64"
 
 
-def valid(C: int, src, dst, f) -> bool:
-    """Eqs. 2–4 by longest chip paths (independent of the repair's bitmasks)."""
-    f = [int(v) for v in f]
-    if any(f[a] > f[b] for a, b in zip(src, dst)) or set(f) != set(range(max(f) + 1)):
-        return False
-    edges = {(f[a], f[b]) for a, b in zip(src, dst) if f[a] != f[b]}
-    longest: dict = {}
-    for a in range(C - 1, -1, -1):
-        for b in range(a + 1, C):
-            best = 1 if (a, b) in edges else 0
-            for k in range(a + 1, b):
-                if (a, k) in edges and longest.get((k, b), 0) > 0:
-                    best = max(best, 1 + longest[k, b])
-            longest[a, b] = best
-    return all(longest[a, b] == 1 for a, b in edges)
-
-
 def run_graph(problem, repairs: int, seed: int) -> dict:
     from archplace.algorithms.solvers.mcm_repair import MCMRepairer
+    from archplace.simulators.mcm import static_valid
 
     n, C = problem.num_nodes, problem.num_chips
     src, dst = np.asarray(problem.src), np.asarray(problem.dst)
@@ -77,7 +61,7 @@ def run_graph(problem, repairs: int, seed: int) -> dict:
             if res.partition is None:
                 bad += 1
                 continue
-            bad += not valid(C, src, dst, res.partition)
+            bad += not bool(static_valid(problem, res.partition)[0])
             if mode == "fix":
                 changed.append(res.changed / n)
             chips.append(int(res.partition.max()) + 1)

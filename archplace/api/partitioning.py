@@ -155,7 +155,8 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         if part is None or best < g_tp:  # the heuristic is always a candidate
             part = g_part
         steps.stage("search", samples=samples)
-    details["sampler_throughput"] = float(evaluate(problem, part).throughput[0])
+    ev = evaluate(problem, part)
+    details["sampler_throughput"] = float(ev.throughput[0])
     if req.algo == "ppo-lns":
         from ..algorithms.rl.mcm_lns_ppo import ppo_lns_search
         from ..algorithms.rl.mcm_ppo import load_state
@@ -175,7 +176,8 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         details.update(polished.summary())
         steps.stage("polish", subsolves=polished.subsolves, improved=polished.improved,
                     throughput=polished.throughput)
-    ev = evaluate(problem, part)
+    if req.algo == "ppo-lns" or req.polish > 0:
+        ev = evaluate(problem, part)
     names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
     tp = float(ev.throughput[0])
     res = PartitionResult(

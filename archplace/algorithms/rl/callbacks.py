@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
+from ..search.mcm_baselines import stage_family
+
 PLANS_KEY = "plans"          # [length_s, oom, *cuts] per completed pipeline plan
 DEAD_ENDS_KEY = "dead_ends"  # episodes that ended with no open pivot
 
@@ -64,9 +66,8 @@ class MCMSampleLog(RLlibCallback):
         g = float(info["graph_index"])
         metrics_logger.log_value(MCM_SAMPLES_KEY, [g, float(info["throughput"]), float(info["raw_valid"]),
                                                    float(info["repaired_valid"])], reduce="item_series")
-        stage = info.get("repair_stage")
-        fam = None if stage is None else ("chain-cap" if stage.startswith("chain-cap") else stage)
-        code = REPAIR_STAGE_CODES.index(fam) if fam in REPAIR_STAGE_CODES else -1 if fam is None else -2
+        fam = stage_family(info.get("repair_stage"))
+        code = REPAIR_STAGE_CODES.index(fam) if fam in REPAIR_STAGE_CODES else -1 if fam == "none" else -2
         metrics_logger.log_value(MCM_REPAIR_KEY, [float(code), float(info.get("changed", 0))],
                                  reduce="item_series")
         if info.get("improved"):

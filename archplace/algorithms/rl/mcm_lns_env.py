@@ -44,8 +44,8 @@ from ..search.mcm_baselines import greedy
 from ..solvers.mcm_lns import (
     FULL_SOLVE_MAX_CELLS,
     Neighbourhood,
+    bottleneck_nodes,
     full,
-    node_subset,
     solve_neighbourhood,
     window,
 )
@@ -105,12 +105,7 @@ def neighbourhood(problem: MCMProblem, f: np.ndarray, b: int, action: int, rng: 
     if kind == "full":
         return full(problem, f, spare=SPARE)
     if kind == "nodes":
-        on = np.flatnonzero(f == b)
-        near = np.flatnonzero((np.abs(f - b) <= 2) & (f != b))
-        k = min(near.size, max(on.size, 4))
-        extra = rng.choice(near, size=k, replace=False) if k else near
-        return node_subset(problem, f, np.concatenate([on, extra]), spare=SPARE,
-                           label=f"chip {b} + {k} nodes")
+        return bottleneck_nodes(problem, f, b, rng, spare=SPARE)
     return window(problem, f, b - o, w, spare=s)
 
 

@@ -52,7 +52,7 @@ from ...simulators.mcm import MCMProblem, evaluate
 from .mcm_exact import TICKS, chip_latencies
 
 __all__ = ["Neighbourhood", "SubSolve", "LNSResult", "BottleneckChooser", "solve_neighbourhood",
-           "window", "node_subset", "full", "lns", "lower_bound_s"]
+           "window", "node_subset", "bottleneck_nodes", "full", "lns", "lower_bound_s"]
 
 FULL_SOLVE_MAX_CELLS = 2500  # free nodes x chips for which the chooser may try a full solve
 
@@ -169,6 +169,16 @@ def node_subset(problem: MCMProblem, f: np.ndarray, nodes, spare: int = 0, label
     hi_chip = min(problem.num_chips - 1, _top(f) + max(0, int(spare)))
     lo_a, hi_a = _eq2_interval(problem, f, mask, 0, hi_chip)
     return Neighbourhood("nodes", free, lo_a[free], hi_a[free], label or f"{free.size} nodes")
+
+
+def bottleneck_nodes(problem: MCMProblem, f: np.ndarray, b: int, rng: np.random.Generator,
+                     spare: int = 0) -> Neighbourhood:
+    """The nodes of chip ``b`` plus as many random nodes (at least 4) of the chips within 2 of it."""
+    on = np.flatnonzero(f == b)
+    near = np.flatnonzero((np.abs(f - b) <= 2) & (f != b))
+    k = min(near.size, max(on.size, 4))
+    extra = rng.choice(near, size=k, replace=False) if k else near
+    return node_subset(problem, f, np.concatenate([on, extra]), spare=spare, label=f"chip {b} + {k} nodes")
 
 
 def full(problem: MCMProblem, f: np.ndarray, spare: int | None = None) -> Neighbourhood:
@@ -414,12 +424,7 @@ class BottleneckChooser:
             return full(problem, f, spare=self.max_spare)
         spare = int(rng.integers(self.max_spare + 1))
         if r < self.p_full + self.p_nodes:
-            on = np.flatnonzero(f == b)
-            near = np.flatnonzero((np.abs(f - b) <= 2) & (f != b))
-            k = min(near.size, max(on.size, 4))
-            extra = rng.choice(near, size=k, replace=False) if k else near
-            return node_subset(problem, f, np.concatenate([on, extra]), spare=spare,
-                               label=f"chip {b} + {extra.size} nodes")
+            return bottleneck_nodes(problem, f, b, rng, spare=spare)
         w = int(rng.choice(self.widths))
         start = int(rng.integers(max(0, b - w + 1), b + 1))
         return window(problem, f, start, w, spare=spare)
