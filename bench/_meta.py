@@ -53,3 +53,70 @@ def code_version(*modules: str) -> str:
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
+
+
+def _code_version_at(commit: str, modules: tuple[str, ...], blobs: dict) -> str | None:
+    """:func:`code_version` of the tree of ``commit`` (read from git objects, not the working tree)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60).stdout
+
+    listing = {}
+    for line in git("ls-tree", "-r", commit, "--", "archplace").splitlines():
+        meta, path = line.split("\t", 1)
+        listing[path] = meta.split()[2]
+    files: list[Path] = []
+    for mod in modules:
+        p = Path(*mod.split("."))
+        inside = sorted(Path(f) for f in listing if f.startswith(str(p) + "/") and f.endswith(".py"))
+        if inside:
+            files += inside
+        elif str(p.with_suffix(".py")) in listing:
+            files.append(p.with_suffix(".py"))
+        else:
+            return None  # the module did not exist yet
+    cfg = "archplace/tune_configs/"
+    files += sorted(Path(f) for f in listing
+                    if f.startswith(cfg) and f.endswith(".yaml") and "/" not in f[len(cfg):])
+    h = hashlib.sha256()
+    for f in files:
+        sha = listing[str(f)]
+        if sha not in blobs:
+            blobs[sha] = subprocess.run(["git", "cat-file", "blob", sha], cwd=root, capture_output=True,
+                                        timeout=60).stdout
+        h.update(str(f).encode())
+        h.update(blobs[sha])
+    return h.hexdigest()[:12]
+
+
+def backfill_commits(cache: dict, modules: tuple[str, ...]) -> int:
+    """Give every cached run that predates per-run commit recording (keys ``"<code version>|..."``, no
+    ``"commit"``) the oldest commit whose source hashes to its key's code version, and say that its command
+    was not recorded. Returns how many entries changed. The commit is exact for the code the run measured
+    (that is what the key encodes); the command that produced it is unknown and is not guessed."""
+    todo = {k.split("|", 1)[0] for k, v in cache.items() if isinstance(v, dict) and "commit" not in v}
+    if not todo:
+        return 0
+    root = Path(__file__).resolve().parents[1]
+    commits = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=60).stdout.split()
+    found: dict[str, str] = {}
+    blobs: dict = {}
+    for c in commits:
+        v = _code_version_at(c, modules, blobs)
+        if v in todo and v not in found:
+            found[v] = c
+            if len(found) == len(todo):
+                break
+    n = 0
+    for k, v in cache.items():
+        if isinstance(v, dict) and "commit" not in v:
+            v["commit"] = found.get(k.split("|", 1)[0])
+            v["commit_basis"] = ("the oldest commit whose code version equals this run's key" if v["commit"]
+                                 else "no commit in the history has this run's code version")
+            v["command"] = "not recorded (cached before bench runs recorded their command, 5c21358)"
+            n += 1
+    return n
