@@ -2,6 +2,7 @@
 
     python bench/mcm.py [--seeds 0,1,2] [--time-test 10] [--time-small 20] [--workers 2]
                         [--methods M,...] [--graphs NAME,...] [--fresh]
+                        [--split test|validation] [--pretrained W] [--out F]
 
 Every method gets the same wall time per graph (``--time-test`` seconds on the 16 held-out test graphs
 on ``mcm-36``, ``--time-small`` on the six 8-chip small graphs whose CP-SAT optimum is known), at every
@@ -14,8 +15,8 @@ method's settings were fixed before any test graph was run.
   (``mcm_lns.lns``, the non-learned bottleneck-window rule) for the rest of the time;
 * ``random+lns`` / ``ppo+lns``: the sampler for half the time, then LNS from its best for the other half;
 * ``ppo-lns``: LNS whose neighbourhoods a PPO policy picks (``mcm_lns_ppo``), from the weights of
-  ``bench/mcm_lns_pretrain.py`` and fine-tuned on the graph; ``ppo-lns-scratch``: the same from random
-  weights (the pre-training comparison).
+  ``bench/mcm_lns_pretrain.py`` and fine-tuned on the graph; ``ppo-lns-scratch``: the same search (the
+  weights' env reward mode) from random weights (the pre-training comparison).
 
 Every method's result is the better of its own best and the greedy partition (as in ``archplace
 partition``; a run whose own best is worse, e.g. paper PPO that finished no sample in time, is counted
@@ -77,11 +78,13 @@ def run_one(problem, method: str, time_s: float, seed: int, pretrained: str) -> 
     calls, extra, sampler = 0, {}, method.split("+")[0]
     part = None
     if method in ("ppo-lns", "ppo-lns-scratch"):
-        from archplace.algorithms.rl.mcm_lns_ppo import ppo_lns_search
+        from archplace.algorithms.rl.mcm_lns_ppo import env_settings, ppo_lns_search
         from archplace.algorithms.rl.mcm_ppo import load_state
 
-        state = load_state(pretrained)[0] if method == "ppo-lns" else None
-        r = ppo_lns_search(problem, time_s, seed=seed, init_state=state)
+        state, meta = load_state(pretrained)
+        # scratch runs the pre-trained weights' env (reward mode) from random weights: the same search
+        r = ppo_lns_search(problem, time_s, seed=seed, init_state=state if method == "ppo-lns" else None,
+                           env=env_settings(meta))
         part, calls = r.partition, r.subsolves + 1
         curve = [(t, 1.0 / L) for t, L in zip(r.trace_t_s, r.trace_max_latency_s)]
         extra = r.summary()
@@ -149,9 +152,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--graphs", default="", help="subset of graph names (test and small)")
+    ap.add_argument("--split", default="test", choices=("test", "validation"),
+                    help="validation: the corpus's held-out validation graphs in place of the test graphs "
+                         "(for design choices before a test run; writes mcm_lns_validation.json)")
     ap.add_argument("--pretrained", default=str(RESULTS / "mcm_lns_pretrained.npz"))
     ap.add_argument("--cache", default=str(RESULTS / "mcm_lns_runs.json"))
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--out", default="",
+                    help="results JSON (default: mcm_lns.json, or mcm_lns_validation.json for validation)")
     args = ap.parse_args()
     load = os.getloadavg()
     seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -171,7 +179,8 @@ def main() -> None:
     from archplace.workloads.synthetic import rnn_graph
 
     corpus = mcm_corpus(seed=0)
-    test = {g.name: MCMProblem.from_graph(g.graph, mcm_package(36)) for g in split_by_family(corpus)["test"]}
+    test = {g.name: MCMProblem.from_graph(g.graph, mcm_package(36))
+            for g in split_by_family(corpus)[args.split]}
     small = {g.name: MCMProblem.from_graph(g.graph, mcm_package(8)) for g in corpus if g.name in SMALL_GRAPHS}
     for n, (steps, hidden, s, batch) in SMALL_LSTMS.items():
         g = rnn_graph(steps, hidden, s, batch=batch, cell="lstm", bytes_per_element=1)
@@ -191,8 +200,15 @@ def main() -> None:
     cache_path = Path(args.cache)
     cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
 
+    from archplace.algorithms.rl.mcm_lns_ppo import env_settings
+    from archplace.algorithms.rl.mcm_ppo import load_state
+
+    env_tag = "" if not Path(args.pretrained).exists() else \
+        "".join(f"|{k}={v}" for k, v in sorted(env_settings(load_state(args.pretrained)[1]).items())
+                if (k, v) != ("reward", "rate"))
+
     def key(name, m, t, s):
-        w = f"|{weights}" if m == "ppo-lns" else ""
+        w = f"|{weights}" if m == "ppo-lns" else (env_tag if m == "ppo-lns-scratch" else "")
         return f"{name}|{m}|{t}|{s}|{version}{w}"
 
     jobs = []
@@ -241,7 +257,8 @@ def main() -> None:
         tied = [n for i, n in enumerate(test) if lns_m and
                 np.ptp([ratio[m][:, i].mean() for m in lns_m]) <= 1e-6 * ratio[lns_m[0]][:, i].mean()]
         open_ = [i for i, n in enumerate(test) if n not in tied]
-        print(f"\nTest graphs on mcm-36, {T:g} s per method, seeds {seeds}: best / greedy (mean over seeds)")
+        print(f"\n{args.split.capitalize()} graphs on mcm-36, {T:g} s per method, seeds {seeds}: "
+              "best / greedy (mean over seeds)")
         print(f"{'graph':<22}{'nodes':>6}" + "".join(f"{m:>16}" for m in methods))
         for i, n in enumerate(test):
             cells = "".join(f"{ratio[m][:, i].mean():>16.3f}" for m in methods)
@@ -323,8 +340,11 @@ def main() -> None:
             ok = sum(max(res[n][m]) <= 0.03 for n in small)
             print(f"  {m}: within 3% of the optimum at every seed on {ok}/{len(small)} small graphs")
         out["small"] = res
-    (RESULTS / "mcm_lns.json").write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {RESULTS / 'mcm_lns.json'}")
+    dest = Path(args.out) if args.out else \
+        RESULTS / ("mcm_lns.json" if args.split == "test" else "mcm_lns_validation.json")
+    out["split"] = args.split
+    dest.write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {dest}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Pre-train the learned-neighbourhood policy (PPO-LNS, issue 17) on the corpus's training graphs.
 
-    python bench/mcm_lns_pretrain.py [--subsolves 3072] [--seed 0]
+    python bench/mcm_lns_pretrain.py [--subsolves 3072] [--seed 0] [--reward rate|budget] [--out F]
 
 One PPO policy (``algorithms/rl/mcm_lns_ppo.py``) on the 66 training graphs of ``mcm_corpus(seed=0)``
 on ``mcm-36`` (a random graph per episode, each from the greedy partition after repair), for a fixed
@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--subsolves", type=int, default=3072)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "mcm_lns_pretrained.npz"))
+    ap.add_argument("--reward", default="rate", choices=("rate", "budget"), help="the env's reward mode")
+    ap.add_argument("--episode-s", type=float, default=4.0, help="wall seconds of a 'budget' episode")
     args = ap.parse_args()
     load = os.getloadavg()
 
@@ -44,16 +46,20 @@ def main() -> None:
     train = split_by_family(mcm_corpus(seed=0))["train"]
     problems = [MCMProblem.from_graph(g.graph, mcm_package(36)) for g in train]
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    state, info = pretrain_lns(problems, args.subsolves, seed=args.seed, log=lambda m: print(m, flush=True))
+    env = {"reward": "rate"} if args.reward == "rate" else {"reward": "budget", "episode_s": args.episode_s}
+    state, info = pretrain_lns(problems, args.subsolves, seed=args.seed, log=lambda m: print(m, flush=True),
+                               env=env)
     ray.shutdown()
     version = code_version("archplace.algorithms.rl.mcm_lns_env", "archplace.algorithms.rl.mcm_lns_ppo",
                            "archplace.algorithms.solvers.mcm_lns")
     save_state(args.out, state, subsolves=info["subsolves"], seed=args.seed, code_version=version,
-               graphs=[g.name for g in train])
+               env=info["env"], graphs=[g.name for g in train])
     out = {**git_state(), "command": command(), "machine": machine(load), "code_version": version,
            "graphs": [g.name for g in train], **info}
-    (RESULTS / "mcm_lns_pretrain.json").write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out} and {RESULTS / 'mcm_lns_pretrain.json'} ({info['wall_s']:.0f} s)")
+    stem = Path(args.out).stem.replace("pretrained", "pretrain")
+    record = Path(args.out).with_name(stem + ".json")
+    record.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out} and {record} ({info['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,30 @@ def test_env_incumbent_monotone_reward_is_log_gain_per_second(lstm8):
     assert best_L == pytest.approx(L) and evaluate(lstm8, best_f).valid[0]
 
 
+def test_env_budget_reward_sums_to_the_log_improvement_of_the_episode(lstm8):
+    env = MCMLNSEnv({"problems": [lstm8], "seed": 5, "subsolve_s": 0.3, "reward": "budget", "episode_s": 1.5})
+    obs, info = env.reset()
+    L0 = L = info["max_latency_s"]
+    progress = obs["observations"][OBS_SIZE - len(WIDTHS) - 6]  # the progress feature (module doc)
+    assert progress == 0.0
+    rng = np.random.default_rng(1)
+    done, total, spent, steps = False, 0.0, 0.0, 0
+    while not done:
+        a = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+        obs, r, done, _, info = env.step(a)
+        steps += 1
+        spent += info["subsolve_wall_s"]
+        assert r == pytest.approx(math.log(L / info["max_latency_s"]), abs=1e-12)  # not divided by time
+        L = info["max_latency_s"]
+        total += r
+        assert done == (spent >= 1.5 - 1e-3)
+        progress = obs["observations"][OBS_SIZE - len(WIDTHS) - 6]
+        assert progress == pytest.approx(min(spent / 1.5, 1.0), rel=1e-5)
+    assert total == pytest.approx(math.log(L0 / L), rel=1e-9, abs=1e-12) and steps >= 1
+    with pytest.raises(ValueError, match="'reward'"):
+        MCMLNSEnv({"problems": [lstm8], "reward": "speed"})
+
+
 def test_env_deadline_ends_the_episode_without_solving(lstm8):
     env = MCMLNSEnv({"problems": [lstm8], "deadline": time.time() - 1})
     obs, _ = env.reset()

@@ -158,12 +158,12 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
     ev = evaluate(problem, part)
     details["sampler_throughput"] = float(ev.throughput[0])
     if req.algo == "ppo-lns":
-        from ..algorithms.rl.mcm_lns_ppo import ppo_lns_search
+        from ..algorithms.rl.mcm_lns_ppo import env_settings, ppo_lns_search
         from ..algorithms.rl.mcm_ppo import load_state
 
-        state = load_state(req.pretrained)[0] if req.pretrained else None
+        state, meta = load_state(req.pretrained) if req.pretrained else (None, None)
         run = ppo_lns_search(problem, float(req.polish), seed=req.seed, init_state=state,
-                             train=not req.zero_shot, start_partition=part)
+                             train=not req.zero_shot, start_partition=part, env=env_settings(meta))
         part = run.partition
         mode = "zero-shot" if req.zero_shot else ("fine-tuned" if state else "from scratch")
         details.update({**run.summary(), "pretrained": req.pretrained, "mode": mode})

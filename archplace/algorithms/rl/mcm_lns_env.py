@@ -21,9 +21,16 @@ off on which load profiles (learned LNS, e.g. Song et al. 2020, Wu et al. 2021).
 * **Reward**: the improvement per sub-solve second, ``log(L_before / L_after) / max(wall_s, 0.05)``
   (``L`` the max chip latency of the incumbent; 0 when the candidate is worse or invalid, and it is
   dropped). Spending time on neighbourhoods that cannot improve is what the policy must learn to avoid.
-* **Episode**: :data:`EPISODE_STEPS` sub-solves from a start partition: ``init="greedy"`` (the greedy
-  heuristic after repair) or ``"best"`` (the best partition this env has found on the graph: a search
-  that keeps going, the mode of ``ppo-lns`` on one graph). Multi-graph envs pick a graph per episode.
+* **Reward, ``reward="budget"``**: the plain log improvement ``log(L_before / L_after)``, and the episode
+  ends once its sub-solves have used ``episode_s`` wall seconds; the observation's progress feature is
+  the share of that budget used. The undiscounted return is then ``log(L_start / L_end)``: exactly the
+  improvement a fixed wall budget buys, the quantity a time-to-result comparison measures. The per-second
+  rate above is myopic (it prefers many cheap windows that each gain a little) and is kept as the
+  default of the env only because earlier weights were trained with it.
+* **Episode**: :data:`EPISODE_STEPS` sub-solves (``reward="rate"``) from a start partition:
+  ``init="greedy"`` (the greedy heuristic after repair) or ``"best"`` (the best partition this env has
+  found on the graph: a search that keeps going, the mode of ``ppo-lns`` on one graph). Multi-graph
+  envs pick a graph per episode; a "budget" episode ends when its ``episode_s`` are spent.
 
 Every sub-solve's candidate is re-scored by the simulator; the env keeps the best partition per graph
 and reports it through ``info`` on every improvement (``best_partition``), so bookkeeping works from
@@ -109,9 +116,10 @@ def neighbourhood(problem: MCMProblem, f: np.ndarray, b: int, action: int, rng: 
     return window(problem, f, b - o, w, spare=s)
 
 
-def observe(problem: MCMProblem, f: np.ndarray, lat: np.ndarray, step: int, last_reward: float,
+def observe(problem: MCMProblem, f: np.ndarray, lat: np.ndarray, progress: float, last_reward: float,
             width_rate: np.ndarray) -> tuple[np.ndarray, int]:
-    """The observation vector (module doc) and the slowest chip."""
+    """The observation vector (module doc) and the slowest chip; ``progress`` is the share of the
+    episode used (steps or wall budget)."""
     C, n = problem.num_chips, problem.num_nodes
     top = int(f.max())
     b = int(np.argmax(lat[:top + 1]))
@@ -126,7 +134,7 @@ def observe(problem: MCMProblem, f: np.ndarray, lat: np.ndarray, step: int, last
             chips[i] = (lat[d] / L, comp[d] / L, (lat[d] - comp[d]) / L, min(cnt[d] / mean_cnt, 4.0) / 4.0,
                         float(used), float(d == top))
     srt = np.sort(lat[:top + 1])
-    glob = np.array([top / C, (C - 1 - top) / C, b / max(top, 1), step / EPISODE_STEPS,
+    glob = np.array([top / C, (C - 1 - top) / C, b / max(top, 1), progress,
                      math.log(max(n, 1)) / 8.0, (srt[-2] / L) if srt.size > 1 else 0.0,
                      float(srt.mean() / L), float(np.sign(last_reward)), float(C == top + 1),
                      *width_rate.tolist()], dtype=np.float32)
@@ -138,7 +146,8 @@ class MCMLNSEnv(gym.Env):
     :class:`MCMProblem`), ``seed``, ``init`` ("greedy" | "best"), ``subsolve_s`` (CP-SAT seconds per
     sub-solve, default 1.0), ``episode_steps`` (default :data:`EPISODE_STEPS`), ``start_partitions``
     (optional: one valid partition per problem to start from instead of greedy), ``deadline`` (optional
-    unix time: later steps solve nothing and end the episode)."""
+    unix time: later steps solve nothing and end the episode), ``reward`` ("rate" | "budget", module
+    doc) and ``episode_s`` (the wall budget of a "budget" episode, default 8 s)."""
 
     metadata: dict[str, Any] = {}
 
@@ -153,6 +162,12 @@ class MCMLNSEnv(gym.Env):
             raise ValueError(f"MCMLNSEnv config 'init' is {self.init!r}, must be 'greedy' or 'best'")
         self.subsolve_s = float(cfg.get("subsolve_s", 1.0))
         self.episode_steps = int(cfg.get("episode_steps", EPISODE_STEPS))
+        self.reward = str(cfg.get("reward", "rate"))
+        if self.reward not in ("rate", "budget"):
+            raise ValueError(f"MCMLNSEnv config 'reward' is {self.reward!r}, must be 'rate' or 'budget'")
+        self.episode_s = float(cfg.get("episode_s", 8.0))
+        if not self.episode_s > 0:
+            raise ValueError(f"MCMLNSEnv config 'episode_s' is {self.episode_s}, must be > 0")
         self.deadline = cfg.get("deadline")  # unix time after which steps solve nothing (a wall budget)
         self._rng = np.random.default_rng(int(cfg.get("seed", 0)))
         starts = cfg.get("start_partitions")
@@ -176,7 +191,9 @@ class MCMLNSEnv(gym.Env):
 
     def _obs(self) -> dict[str, np.ndarray]:
         p = self.problems[self._g]
-        vec, b = observe(p, self._f, self._lat, self._t, self._last_r, self._rate)
+        progress = (min(self._spent / self.episode_s, 1.0) if self.reward == "budget"
+                    else self._t / EPISODE_STEPS)
+        vec, b = observe(p, self._f, self._lat, progress, self._last_r, self._rate)
         self._b = b
         return {"observations": np.clip(vec, -10, 10), "action_mask": action_mask(p, self._f, b)}
 
@@ -194,6 +211,7 @@ class MCMLNSEnv(gym.Env):
         self._L = float(ev.max_latency_s[0])
         self._lat = ev.latency_s[0]
         self._t = 0
+        self._spent = 0.0  # sub-solve wall seconds used in this episode
         self._last_r = 0.0
         self._rate = np.full(len(WIDTHS), 0.5, dtype=np.float32)
         if self._g not in self.best or self._L < self.best[self._g][0]:
@@ -204,6 +222,8 @@ class MCMLNSEnv(gym.Env):
         p = self.problems[self._g]
         a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
         limit = self.subsolve_s * (5 if a == FULL_ACTION else 1)
+        if self.reward == "budget":
+            limit = max(min(limit, self.episode_s - self._spent), 0.05)
         if self.deadline is not None:
             left = float(self.deadline) - time.time()
             if left <= 0.01:  # the wall budget is spent: nothing solved, the episode ends
@@ -223,7 +243,8 @@ class MCMLNSEnv(gym.Env):
             L2 = float(ev.max_latency_s[0])
             if ev.valid[0] and L2 <= self._L * (1 + 1e-12):
                 accepted = True
-                reward = math.log(self._L / L2) / max(wall, MIN_WALL_S) if L2 > 0 else 0.0
+                gain = math.log(self._L / L2) if L2 > 0 else 0.0
+                reward = gain if self.reward == "budget" else gain / max(wall, MIN_WALL_S)
                 improved = L2 < self._L * (1 - 1e-12)
                 self._f, self._L, self._lat = sub.partition, L2, ev.latency_s[0]
         kind, w, _, _ = decode(a)
@@ -232,10 +253,13 @@ class MCMLNSEnv(gym.Env):
             self._rate[i] = 0.8 * self._rate[i] + 0.2 * float(improved)
         self._last_r = reward
         self._t += 1
+        self._spent += wall
         new_best = improved and self._L < self.best[self._g][0]
         if new_best:
             self.best[self._g] = (self._L, self._f.copy())
         info = {"graph_index": self._g, "max_latency_s": self._L, "subsolve_wall_s": wall, "kind": nb.kind,
                 "accepted": accepted, "improved": improved, "status": sub.status,
                 "best_partition": self._f.copy() if new_best else None}
-        return self._obs(), float(reward), self._t >= self.episode_steps, False, info
+        done = (self._spent >= self.episode_s - 1e-3 if self.reward == "budget"
+                else self._t >= self.episode_steps)
+        return self._obs(), float(reward), done, False, info

@@ -30,6 +30,20 @@ from .mcm_lns_env import MCMLNSEnv
 PPO_DEFAULTS = {"lr": 3e-4, "gamma": 0.9, "lambda_": 0.95, "entropy_coeff": 0.01, "num_epochs": 4,
                 "train_batch_size_per_learner": 32, "minibatch_size": 16, "vf_loss_coeff": 0.5}
 MODEL_DEFAULTS = {"fcnet_hiddens": [64, 64], "vf_share_layers": False}
+# the env's reward mode (``mcm_lns_env`` module doc). "budget" makes the return the log improvement a
+# fixed wall budget buys; it did not make pre-training pay on the validation graphs
+# (bench/results/mcm_lns_validation_budget.json), so "rate" stays the default. Pre-trained weights record
+# theirs (``env`` in their meta) and a search that loads them uses it
+ENV_DEFAULTS = {"reward": "rate"}
+GAMMA = {"rate": 0.9, "budget": 0.99}
+
+
+def env_settings(meta: dict | None = None) -> dict[str, Any]:
+    """The env settings of weights with ``meta`` (from ``load_state``): theirs when recorded, "rate" for
+    weights that predate the setting, :data:`ENV_DEFAULTS` without weights."""
+    if meta is None:
+        return dict(ENV_DEFAULTS)
+    return dict(meta.get("env") or {"reward": "rate"})
 
 
 def lns_log_callback():
@@ -62,14 +76,16 @@ LNS_STEPS_KEY = "mcm_lns_steps"
 
 def lns_ppo_config(problems: list[MCMProblem], *, seed: int = 0, init: str = "greedy",
                    subsolve_s: float = 1.0, deadline: float | None = None, start_partitions=None,
-                   ppo: dict | None = None, model: dict | None = None, num_env_runners: int = 0):
+                   ppo: dict | None = None, model: dict | None = None, num_env_runners: int = 0,
+                   env: dict | None = None):
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 
+    env_set = dict(ENV_DEFAULTS if env is None else env)
     env_cfg = {"problems": list(problems), "seed": seed, "init": init, "subsolve_s": subsolve_s,
-               "deadline": deadline, "start_partitions": start_partitions}
-    ppo_cfg = {**PPO_DEFAULTS, **(ppo or {})}
+               "deadline": deadline, "start_partitions": start_partitions, **env_set}
+    ppo_cfg = {**PPO_DEFAULTS, "gamma": GAMMA[env_set.get("reward", "rate")], **(ppo or {})}
     batch = int(ppo_cfg["train_batch_size_per_learner"])
     config = (
         PPOConfig()
@@ -114,10 +130,11 @@ def _rows(result: dict, key: str) -> list[list[float]]:
 
 def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, init_state: dict | None = None,
                    train: bool = True, start_partition=None, subsolve_s: float = 1.0, ppo: dict | None = None,
-                   keep_state: bool = False) -> LNSRun:
+                   keep_state: bool = False, env: dict | None = None) -> LNSRun:
     """Learned LNS on one graph for ``time_limit_s`` seconds from ``start_partition`` (default: greedy after
     repair); every episode restarts from the best partition so far. Counts the algorithm build in the
-    budget. The result is never worse than the start."""
+    budget. The result is never worse than the start. ``env``: the env settings (:func:`env_settings` of
+    the weights in ``init_state``)."""
     import torch
 
     if not time_limit_s > 0:
@@ -127,7 +144,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
     deadline = time.time() + time_limit_s
     starts = None if start_partition is None else [np.asarray(start_partition, dtype=np.int64)]
     algo = lns_ppo_config([problem], seed=seed, init="best", subsolve_s=subsolve_s, deadline=deadline,
-                          start_partitions=starts, ppo=ppo).build_algo()
+                          start_partitions=starts, ppo=ppo, env=env).build_algo()
     from .mcm_ppo import load_module_state, module_state
 
     try:
@@ -164,7 +181,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
 
 
 def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = 1.0,
-                 ppo: dict | None = None, log=None) -> tuple[dict, dict[str, Any]]:
+                 ppo: dict | None = None, log=None, env: dict | None = None) -> tuple[dict, dict[str, Any]]:
     """One policy trained on ``problems`` (a random graph per episode, each episode from the greedy
     partition) for ``subsolves`` environment steps; returns the final module state and a summary
     (iterations, mean reward per iteration, wall)."""
@@ -174,7 +191,8 @@ def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, s
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    algo = lns_ppo_config(problems, seed=seed, init="greedy", subsolve_s=subsolve_s, ppo=ppo).build_algo()
+    algo = lns_ppo_config(problems, seed=seed, init="greedy", subsolve_s=subsolve_s, ppo=ppo,
+                          env=env).build_algo()
     rewards: list[float] = []
     try:
         done = 0
@@ -190,4 +208,5 @@ def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, s
     finally:
         algo.stop()
     return state, {"iterations": len(rewards), "episode_return_mean": rewards, "subsolves": done,
+                   "env": dict(ENV_DEFAULTS if env is None else env),
                    "wall_s": time.perf_counter() - t0}
