@@ -35,13 +35,15 @@ from .graphs import (
     load_accelerator,
     load_graph,
 )
+from .operator_placement import PLACE_OPS_ALGOS, PlaceOpsRequest, PlaceOpsResult, place_ops
 from .partitioning import PARTITION_ALGOS, PartitionRequest, PartitionResult, partition
 from .pipelining import PIPELINE_ALGOS, PipelineRequest, PipelineResult, pipeline
 from .placement import PlaceRequest, PlaceResult, SolveDpRequest, SolveDpResult, place, solve_dp
 from .searching import RECOMPUTE, SearchRequest, SearchResult, search
 
 __all__ = [
-    "PARTITION_ALGOS", "PIPELINE_ALGOS", "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult",
+    "PARTITION_ALGOS", "PIPELINE_ALGOS", "PLACE_OPS_ALGOS", "PlaceOpsRequest", "PlaceOpsResult", "place_ops",
+    "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult",
     "GraphRequest", "GraphResult", "InvalidRequest", "PartitionRequest", "PartitionResult",
     "PipelineRequest", "PipelineResult", "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
     "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "graph", "graph_summary",

@@ -273,6 +273,29 @@ def print_partition(res: dict[str, Any]) -> None:
               f"{res['throughput']:.2f} /s (stopped: {res['lns_stopped']}{gap})")
 
 
+def cmd_place_ops(args) -> dict[str, Any]:
+    """Every operator of a model's training step on one GPU of a multi-GPU machine (GDP)."""
+    req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.machine,
+                              batch=args.batch, seed=args.seed, budget=args.budget)
+    return api.place_ops(req).to_dict()
+
+
+def print_place_ops(res: dict[str, Any]) -> None:
+    print(f"{res['model']} ({res['nodes']} ops) on {res['devices']} x {res['machine']} [{res['algo']}, "
+          f"{res['wall_s']:.1f} s]")
+    state = "valid" if res["valid"] else f"INVALID: {res['reason']}"
+    sp = res["speedup_over_single"]
+    print(f"  step time    {res['step_time_s'] * 1e3:.2f} ms ({state})"
+          + (f"; {sp:.2f}x one GPU's {res['single_device_step_time_s'] * 1e3:.2f} ms" if sp else ""))
+    if "solver_status" in res:
+        print(f"  CP-SAT       {res['solver_status']}, gap {res['gap']:.1%}, lower bound "
+              f"{res['lower_bound_s'] * 1e3:.2f} ms")
+    mem = ", ".join(_fmt_bytes(b) for b in res["peak_memory_bytes"])
+    print(f"  peak memory  {mem} (of {_fmt_bytes(res['memory_bytes'])} each)")
+    busy = ", ".join(f"{b * 1e3:.1f}" for b in res["compute_busy_s"])
+    print(f"  busy (ms)    {busy}; transfers {_fmt_bytes(res['transfer_bytes'])}")
+
+
 def cmd_pipeline(args) -> dict[str, Any]:
     """Pipeline cuts of a model on V100 servers (Auto-MAP): the exact DP over every contiguous cut set
     (default), the DQN, the pre-trained agent or enumeration of the pruned candidates."""
@@ -338,7 +361,8 @@ COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_gra
             "estimate": (cmd_estimate, print_estimate), "place": (cmd_place, print_place),
             "solve-dp": (cmd_solve_dp, print_solve_dp), "search": (cmd_search, print_search),
             "report": (cmd_report, print_report), "partition": (cmd_partition, print_partition),
-            "pipeline": (cmd_pipeline, print_pipeline), "tune-rl": (cmd_tune_rl, print_tune_rl)}
+            "pipeline": (cmd_pipeline, print_pipeline), "tune-rl": (cmd_tune_rl, print_tune_rl),
+            "place-ops": (cmd_place_ops, print_place_ops)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -417,6 +441,18 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--max-failures", type=int, default=2,
                     help="retries of an architecture whose evaluation failed")
     se.add_argument("--json", action="store_true")
+    po = sub.add_parser("place-ops", help="place every operator of a training step on the GPUs of a machine "
+                                          "(GDP)")
+    po.add_argument("model", help="GDP preset: rnnlm-2|4|8, gnmt-2|4|8, txl-2|4|8, inception-v3, "
+                                  "wavenet-2x18, wavenet-4x36, ...")
+    po.add_argument("--devices", type=int, default=None,
+                    help="GPUs (default: the preset's, as in GDP's Table 1)")
+    po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf")
+    po.add_argument("--machine", choices=("p100-pcie", "v100-nvlink"), default="p100-pcie")
+    po.add_argument("--batch", type=int, default=None)
+    po.add_argument("--budget", type=float, default=30.0, help="exact: CP-SAT seconds")
+    po.add_argument("--seed", type=int, default=0)
+    po.add_argument("--json", action="store_true")
     pa = sub.add_parser("partition", help="partition a model over the chiplets of a multi-chip module")
     pa.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
     pa.add_argument("--chiplets", type=int, default=36)

@@ -327,41 +327,55 @@ def simulate_reference(problem: PlacementProblem, placement) -> PlacementResult:
 # ---------------------------------------------------------------------------------------------- compiled
 def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d, pcie, bw, lat,
             step, peak, busy_s, tbytes, ntrans):
-    """The event loop of :func:`simulate_reference` for each row of ``P`` (numba-compiled)."""
+    """The event loop of :func:`simulate_reference` for each row of ``P`` (numba-compiled). Buffers are
+    allocated once per batch; transfers are kept as records, so a placement costs O((n + m) log n)."""
     K, n = P.shape
     cap = 4 * (n + n * d) + 16
+    rh = np.empty((d, n), np.int64)  # per-device ready heaps of op ids ordered by priority
+    rsz = np.zeros(d, np.int64)
+    isbusy = np.zeros(d, np.bool_)
+    start = np.zeros(n)
+    fin = np.full(n, -1.0)
+    xid = np.full((n, d), -1, np.int64)  # transfer record of (op, destination), -1 none
+    tv = np.empty(n * d, np.int64)
+    tf = np.empty(n * d, np.int64)
+    ts = np.empty(n * d)
+    te = np.empty(n * d)
+    tsz = np.empty(n * d)
+    send_free = np.zeros(d)
+    recv_free = np.zeros(d)
+    pair_free = np.zeros((d, d))
+    et = np.empty(cap)
+    ety = np.empty(cap, np.int64)
+    eseq = np.empty(cap, np.int64)
+    ea = np.empty(cap, np.int64)
+    eb = np.empty(cap, np.int64)
+    size = np.zeros(d)
+    has = np.zeros(d, np.bool_)
+    cend = np.zeros(d)
+    mt = np.empty(2 * n + 2 * n * d)
+    md = np.empty(2 * n + 2 * n * d)
+    mdev = np.empty(2 * n + 2 * n * d, np.int64)
+    cur = np.zeros(d)
     for r in range(K):
         dev = P[r]
         pending = indeg.copy()
-        # per-device ready heaps of op ids ordered by priority
-        rh = np.empty((d, n), np.int64)
-        rsz = np.zeros(d, np.int64)
-        isbusy = np.zeros(d, np.bool_)
-        start = np.zeros(n)
-        fin = np.full(n, -1.0)
-        xs = np.full((n, d), -1.0)
-        xe = np.full((n, d), -1.0)
-        xb = np.zeros((n, d))
-        send_free = np.zeros(d)
-        recv_free = np.zeros(d)
-        pair_free = np.zeros((d, d))
-        et = np.empty(cap)
-        ety = np.empty(cap, np.int64)
-        eseq = np.empty(cap, np.int64)
-        ea = np.empty(cap, np.int64)
-        eb = np.empty(cap, np.int64)
+        rsz[:] = 0
+        isbusy[:] = False
+        fin[:] = -1.0
+        send_free[:] = 0.0
+        recv_free[:] = 0.0
+        pair_free[:, :] = 0.0
         esz = 0
         seq = 0
-        size = np.zeros(d)
-        has = np.zeros(d, np.bool_)
+        nt = 0
+        tb = 0.0
         for v in range(n):
             if pending[v] == 0:
                 _rpush(rh, rsz, dev[v], v, prio)
         for e in range(d):
             esz = _epush(et, ety, eseq, ea, eb, esz, 0.0, 2, seq, e, 0)
             seq += 1
-        nt = 0
-        tb = 0.0
         while esz > 0:
             t, typ, a, b, esz = _epop(et, ety, eseq, ea, eb, esz)
             if typ == 0:
@@ -391,9 +405,12 @@ def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d
                         else:
                             s = max(t, pair_free[e, f])
                             pair_free[e, f] = s + dur
-                        xs[v, f] = s
-                        xe[v, f] = s + dur
-                        xb[v, f] = size[f]
+                        xid[v, f] = nt
+                        tv[nt] = v
+                        tf[nt] = f
+                        ts[nt] = s
+                        te[nt] = s + dur
+                        tsz[nt] = size[f]
                         nt += 1
                         tb += size[f]
                         esz = _epush(et, ety, eseq, ea, eb, esz, s + dur, 1, seq, v, f)
@@ -430,13 +447,9 @@ def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d
         step[r] = mx
         ntrans[r] = nt
         tbytes[r] = tb
-        # memory sweep
-        m = 2 * n + 2 * nt
-        mt = np.empty(m)
-        md = np.empty(m)
-        mdev = np.empty(m, np.int64)
+        # memory: (time, delta, device) records, swept in time order; at one instant frees come before
+        # allocations, so a device's peak is read only at the end of each group of equal times
         j = 0
-        cend = np.full(d, -np.inf)
         for v in range(n):
             e = dev[v]
             for f in range(d):
@@ -447,38 +460,36 @@ def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d
                     cend[dev[w]] = fin[w]
             end = max(fin[v], cend[e])
             for f in range(d):
-                if f != e and xe[v, f] >= 0:
-                    end = max(end, xe[v, f])
+                x = xid[v, f]
+                if f != e and x >= 0:
+                    end = max(end, te[x])
+                    mt[j] = ts[x]
+                    md[j] = tsz[x]
+                    mdev[j] = f
+                    mt[j + 1] = cend[f]
+                    md[j + 1] = -tsz[x]
+                    mdev[j + 1] = f
+                    j += 2
+                    xid[v, f] = -1  # reset for the next placement
             mt[j] = start[v]
             md[j] = outb_node[v]
             mdev[j] = e
-            j += 1
-            mt[j] = end
-            md[j] = -outb_node[v]
-            mdev[j] = e
-            j += 1
-            for f in range(d):
-                if f != e and xe[v, f] >= 0:
-                    mt[j] = xs[v, f]
-                    md[j] = xb[v, f]
-                    mdev[j] = f
-                    j += 1
-                    mt[j] = cend[f]
-                    md[j] = -xb[v, f]
-                    mdev[j] = f
-                    j += 1
-        o1 = np.argsort(md[:j], kind="mergesort")  # frees (negative) first ...
-        o2 = np.argsort(mt[:j][o1], kind="mergesort")  # ... then by time, stably
-        order = o1[o2]
-        cur = np.zeros(d)
+            mt[j + 1] = end
+            md[j + 1] = -outb_node[v]
+            mdev[j + 1] = e
+            j += 2
+        order = np.argsort(mt[:j])
+        cur[:] = 0.0
         for e in range(d):
             peak[r, e] = 0.0
             busy_s[r, e] = 0.0
         for i in range(j):
             q = order[i]
             cur[mdev[q]] += md[q]
-            if cur[mdev[q]] > peak[r, mdev[q]]:
-                peak[r, mdev[q]] = cur[mdev[q]]
+            if i == j - 1 or mt[order[i + 1]] != mt[q]:
+                for e in range(d):
+                    if cur[e] > peak[r, e]:
+                        peak[r, e] = cur[e]
         for v in range(n):
             peak[r, dev[v]] += resident[v]
             busy_s[r, dev[v]] += compute[v]

@@ -1,0 +1,126 @@
+"""Every operator of a model's training step on one of the GPUs of one machine (``archplace place-ops``,
+GDP): fast placers (METIS, Baechi's m-TOPO / m-ETF / m-SCT, human-expert-like, random), the exact
+CP-SAT placement for small graphs, and the GDP policy (PPO, on Ray). Every placement is scored by the
+event-driven simulator (``simulators/gpu_placement.py``); an invalid one says why."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._common import (
+    ProgressFn,
+    Request,
+    Result,
+    Steps,
+    check_choice,
+    check_int,
+    invalid,
+)
+
+PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact")
+MACHINES = ("p100-pcie", "v100-nvlink")
+
+
+@dataclass(frozen=True)
+class PlaceOpsRequest(Request):
+    model: str                      # a GDP preset (rnnlm-2, gnmt-4, txl-8, inception-v3, wavenet-2x18, ...)
+    devices: int | None = None      # GPUs (default: the preset's device count from the paper's Table 1)
+    algo: str = "m-etf"
+    machine: str = "p100-pcie"
+    batch: int | None = None        # the preset's batch size by default
+    seed: int = 0
+    budget: float = 30.0            # exact: the CP-SAT time limit in seconds
+
+    def validate(self) -> None:
+        from ..workloads.gdp_models import GDP_PRESETS
+
+        if self.model not in GDP_PRESETS:
+            raise invalid("model", f"is {self.model!r}; allowed: {sorted(GDP_PRESETS)}")
+        check_int("devices", self.devices, 1, 64, optional=True)
+        check_choice("algo", self.algo, PLACE_OPS_ALGOS)
+        check_choice("machine", self.machine, MACHINES)
+        check_int("batch", self.batch, optional=True)
+        check_int("seed", self.seed, low=0)
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or \
+                not 0 < self.budget <= 86400:
+            raise invalid("budget", f"must be seconds in (0, 86400], got {self.budget!r}")
+
+
+@dataclass
+class PlaceOpsResult(Result):
+    model: str
+    devices: int
+    algo: str
+    machine: str
+    nodes: int
+    edges: int
+    valid: bool
+    reason: str                     # why the placement is invalid ("" when valid)
+    step_time_s: float              # simulated training step time (reported for invalid placements too)
+    single_device_step_time_s: float  # everything on GPU 0 (may itself be out of memory)
+    speedup_over_single: float | None
+    peak_memory_bytes: list[float]  # per GPU: weights + gradients + optimizer state + live activations
+    memory_bytes: float             # per GPU
+    compute_busy_s: list[float]     # per GPU
+    transfer_bytes: float
+    placement: dict[str, int]       # operator name -> GPU
+    details: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        details, wall = d.pop("details"), d.pop("wall_s")
+        return {**d, **details, "wall_s": wall}
+
+
+def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
+              cancel: threading.Event | None = None) -> PlaceOpsResult:
+    """Place a model's training graph on ``devices`` GPUs. Stages: ``graph``, ``place``, ``simulate``,
+    ``done``."""
+    from ..algorithms.search import gdp_baselines
+    from ..hardware.gpu_machines import gpu_machine
+    from ..simulators.gpu_placement import PlacementProblem, simulate
+    from ..workloads.gdp_models import GDP_PRESETS, gdp_graph
+
+    req.validate()
+    steps = Steps("place-ops", progress, cancel)
+    t0 = time.perf_counter()
+    devices = req.devices or GDP_PRESETS[req.model].devices
+    g = gdp_graph(req.model, batch=req.batch)
+    problem = PlacementProblem.from_graph(g, gpu_machine(req.machine, devices))
+    steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
+    details: dict[str, Any] = {}
+    t_place = time.perf_counter()
+    if req.algo == "exact":
+        from ..algorithms.solvers.gdp_exact import exact_placement
+
+        ex = exact_placement(problem, time_limit_s=float(req.budget), seed=req.seed)
+        placement = ex.placement
+        details.update({"solver_status": ex.status, "gap": ex.gap, "lower_bound_s": ex.lower_bound_s,
+                        "model_step_time_s": ex.model_step_time_s})
+    elif req.algo == "human":
+        placement = gdp_baselines.human_from_graph(g, problem)
+    else:
+        placement = gdp_baselines.BASELINES[req.algo](problem, seed=req.seed)
+    details["placement_wall_s"] = time.perf_counter() - t_place
+    steps.stage("place", algo=req.algo)
+    r = simulate(problem, placement)
+    single = simulate(problem, np.zeros(problem.num_nodes, np.int64))
+    steps.stage("simulate", step_time_s=r.step_time_s, valid=r.valid)
+    names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
+    res = PlaceOpsResult(
+        model=req.model, devices=devices, algo=req.algo, machine=req.machine, nodes=problem.num_nodes,
+        edges=problem.num_edges, valid=r.valid, reason=r.reason, step_time_s=r.step_time_s,
+        single_device_step_time_s=single.step_time_s,
+        speedup_over_single=single.step_time_s / r.step_time_s if r.step_time_s > 0 else None,
+        peak_memory_bytes=r.peak_memory_bytes.tolist(), memory_bytes=problem.memory_bytes,
+        compute_busy_s=r.compute_busy_s.tolist(), transfer_bytes=r.transfer_bytes,
+        placement={n: int(c) for n, c in zip(names, placement)}, details=details,
+        wall_s=time.perf_counter() - t0)
+    steps.done(step_time_s=r.step_time_s, valid=r.valid)
+    return res
