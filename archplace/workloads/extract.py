@@ -77,6 +77,7 @@ class _Op:
     saved_bytes: int
     args: list[tuple[int, int]]  # (producer op index, argument position)
     out_numel: int
+    params: tuple[str, ...] = ()  # the parameters the op reads (all readers, not only the first)
 
 
 def _numel(v: Any) -> int:
@@ -234,7 +235,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         args = [(index[a.name], pos) for a, pos in act_args if a.name in index]
         index[node.name] = len(ops)
         ops.append(_Op(f"{module or 'model'}/{node.name}", kind, module, block, gemm, flops, vflops,
-                       in_bytes, out_bytes, wbytes, saved, args, out_numel))
+                       in_bytes, out_bytes, wbytes, saved, args, out_numel, tuple(a.name for a in w_args)))
     num_params = sum(params.values())
     return ops, num_params, sorted(unmapped)
 
