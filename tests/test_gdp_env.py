@@ -76,3 +76,15 @@ def test_episodes_cycle_through_graphs_and_devices_past_d_are_refused():
         env.step(np.array([3, 0, 0, 0]))
     with pytest.raises(ValueError, match="max_devices"):
         GDPEnv({"graphs": [GDPGraph(chain_problem(2, 8), np.zeros((2, 1), np.float32))], "max_devices": 4})
+
+
+def test_a_colocation_group_follows_its_first_op():
+    # ops 0..3 in a chain; ops 1 and 3 form group 7, ops 0 and 2 are free; priority = row order
+    p = PlacementProblem([1e-3] * 4, [0] * 4, [0] * 4, [0, 1, 2], [1, 2, 3], [0] * 3, [-1, 7, -1, 7],
+                         list(range(4)), 2, 1e12, 10e9, 1e-5, "pcie")
+    g = GDPGraph(p, np.zeros((4, 1), np.float32))
+    assert g.placement_of(np.array([1, 0, 1, 1])).tolist() == [1, 0, 1, 0]  # op 3 follows op 1
+    env = GDPEnv({"graphs": [g], "max_devices": 2})
+    env.reset()
+    _, r, _, _, info = env.step(np.array([0, 1, 0, 0]))
+    assert info["valid"] and not info["coloc_violated"]

@@ -10,7 +10,12 @@ one pass of the policy, the reward one scalar after the placement ran. Here:
   position in that order, padded with -1, ``num_nodes``, ``num_devices`` and ``graph`` (the graph's index,
   for the per-graph reward baseline).
 * **Action**: ``MultiDiscrete([max_devices] * max_nodes)``, the device of every op (entries past
-  ``num_nodes`` are ignored; the policy masks devices past ``num_devices``).
+  ``num_nodes`` are ignored; the policy masks devices past ``num_devices``). A co-location group goes
+  where its first op (in topological order) goes, and the other members' entries are ignored: with
+  groups of up to 60 ops (an unrolled LSTM layer's weight readers and their gradients) an independent
+  per-op sample would split almost every group, every reward would be -10 and nothing could be learned.
+  GDP states no co-location heuristic but does not say how its policy met the constraint (spec §2.1);
+  Mirhoseini et al. (2017) likewise placed a group as one unit. Invalid then means out of memory.
 * **Reward**: ``-sqrt(step time in seconds)`` (spec §4.1) from ``simulators.gpu_placement``, and
   ``INVALID_REWARD`` (-10) for a placement that runs out of memory or splits a co-location group.
 
@@ -44,10 +49,20 @@ class GDPGraph:
         self.pos[self.order] = np.arange(n)  # op -> position in that order
         self.features = np.asarray(features, np.float32)[self.order]
         self.edge_index = np.stack([self.pos[problem.src], self.pos[problem.dst]]).astype(np.int64)
+        # each op's leader: the first op of its co-location group in topological order (itself if none)
+        self.leader = np.arange(n)
+        grp = problem.coloc_group
+        members = np.flatnonzero(grp >= 0)
+        if members.size:
+            first: dict[int, int] = {}
+            for v in members[np.argsort(self.pos[members], kind="stable")]:
+                self.leader[v] = first.setdefault(int(grp[v]), int(v))
 
     def placement_of(self, action: np.ndarray) -> np.ndarray:
-        """An action (device per position) as a placement (device per op)."""
-        return np.asarray(action, np.int64)[:self.problem.num_nodes][self.pos]
+        """An action (device per position) as a placement (device per op); a co-location group follows
+        its first op (module doc)."""
+        by_op = np.asarray(action, np.int64)[:self.problem.num_nodes][self.pos]
+        return by_op[self.leader]
 
 
 def reward_of(step_time_s: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -124,7 +139,8 @@ class GDPEnv(gym.Env):
         if new_best:
             self.best[self._g] = (t, placement.copy())
         info = {"graph_index": self._g, "step_time_s": t, "valid": valid,
-                "oom": bool(res.oom[0]), "coloc_violated": bool(res.coloc_violated[0]),
-                "best_placement": placement.copy() if new_best else None}
+                "oom": bool(res.oom[0]), "coloc_violated": bool(res.coloc_violated[0])}
+        if new_best:  # only then (a vector env merges infos by key; None would not stack)
+            info["best_placement"] = placement.copy()
         return self.observation(self._g), reward, True, False, info
 
