@@ -5,6 +5,7 @@ event-driven simulator (``simulators/gpu_placement.py``); an invalid one says wh
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,16 +14,21 @@ from typing import Any
 import numpy as np
 
 from ._common import (
+    InvalidRequest,
     ProgressFn,
     Request,
     Result,
     Steps,
+    check_bool,
     check_choice,
     check_int,
+    check_optional_str,
     invalid,
+    require_ray,
 )
 
-PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact")
+PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact", "gdp",
+                   "gdp-pretrained")
 MACHINES = ("p100-pcie", "v100-nvlink")
 
 
@@ -34,7 +40,13 @@ class PlaceOpsRequest(Request):
     machine: str = "p100-pcie"
     batch: int | None = None        # the preset's batch size by default
     seed: int = 0
-    budget: float = 30.0            # exact: the CP-SAT time limit in seconds
+    budget: float = 30.0            # exact: the CP-SAT time limit; gdp*: PPO's wall time (seconds)
+    pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp_pretrain.py (.npz)
+    zero_shot: bool = False         # gdp-pretrained: the pre-trained policy's placement, no updates
+
+    @property
+    def needs_ray(self) -> bool:
+        return self.algo in ("gdp", "gdp-pretrained")
 
     def validate(self) -> None:
         from ..workloads.gdp_models import GDP_PRESETS
@@ -49,6 +61,15 @@ class PlaceOpsRequest(Request):
         if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or \
                 not 0 < self.budget <= 86400:
             raise invalid("budget", f"must be seconds in (0, 86400], got {self.budget!r}")
+        check_optional_str("pretrained", self.pretrained)
+        check_bool("zero_shot", self.zero_shot)
+        if (self.algo == "gdp-pretrained") != (self.pretrained is not None):
+            raise InvalidRequest("{algo} gdp-pretrained needs {pretrained} PATH, and only it takes one",
+                                 "algo", "pretrained")
+        if self.zero_shot and self.algo != "gdp-pretrained":
+            raise InvalidRequest("{zero_shot} applies to {algo} gdp-pretrained", "zero_shot", "algo")
+        if self.pretrained and not os.path.exists(self.pretrained):
+            raise invalid("pretrained", f"{self.pretrained} does not exist")
 
 
 @dataclass
@@ -88,6 +109,8 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
     from ..workloads.gdp_models import GDP_PRESETS, gdp_graph
 
     req.validate()
+    if req.needs_ray:
+        require_ray(f"place-ops algo {req.algo!r}")
     steps = Steps("place-ops", progress, cancel)
     t0 = time.perf_counter()
     devices = req.devices or GDP_PRESETS[req.model].devices
@@ -105,6 +128,27 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
                         "model_step_time_s": ex.model_step_time_s})
     elif req.algo == "human":
         placement = gdp_baselines.human_from_graph(g, problem)
+    elif req.algo in ("gdp", "gdp-pretrained"):
+        from ..algorithms.rl.gdp_env import GDPGraph
+        from ..algorithms.rl.gdp_ppo import gdp_train
+        from ..algorithms.rl.mcm_ppo import load_state
+        from ..workloads.gdp_models import node_features
+
+        state = load_state(req.pretrained)[0] if req.pretrained else None
+        run = gdp_train([GDPGraph(problem, node_features(g)[0], req.model)], seed=req.seed, init_state=state,
+                        time_limit_s=float(req.budget), iterations=0 if req.zero_shot else None)
+        # the answer is the faster valid one of the best sampled placement (GDP's, spec §9) and the greedy
+        # policy's argmax placement (both simulated); zero-shot has only the latter. Both are reported.
+        use_best = run.best_placement[0] is not None and not req.zero_shot and \
+            (not run.greedy_valid[0] or run.best_step_time_s[0] <= run.greedy_step_time_s[0])
+        placement = run.best_placement[0] if use_best else run.greedy_placement[0]
+        details.update({"samples": run.samples, "ppo_iterations": run.iterations,
+                        "greedy_policy_step_time_s": run.greedy_step_time_s[0],
+                        "greedy_policy_valid": run.greedy_valid[0],
+                        "best_seen_step_time_s": run.best_step_time_s[0],
+                        "result_is": "best seen" if use_best else "greedy policy",
+                        "mode": "zero-shot" if req.zero_shot else
+                        ("fine-tuned" if state else "from scratch")})
     else:
         placement = gdp_baselines.BASELINES[req.algo](problem, seed=req.seed)
     details["placement_wall_s"] = time.perf_counter() - t_place

@@ -276,7 +276,9 @@ def print_partition(res: dict[str, Any]) -> None:
 def cmd_place_ops(args) -> dict[str, Any]:
     """Every operator of a model's training step on one GPU of a multi-GPU machine (GDP)."""
     req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.machine,
-                              batch=args.batch, seed=args.seed, budget=args.budget)
+                              batch=args.batch, seed=args.seed, budget=args.budget,
+                              pretrained=args.pretrained, zero_shot=args.zero_shot)
+    _connect_if_needed(req, args.address)
     return api.place_ops(req).to_dict()
 
 
@@ -290,6 +292,11 @@ def print_place_ops(res: dict[str, Any]) -> None:
     if "solver_status" in res:
         print(f"  CP-SAT       {res['solver_status']}, gap {res['gap']:.1%}, lower bound "
               f"{res['lower_bound_s'] * 1e3:.2f} ms")
+    if "ppo_iterations" in res:
+        g = res["greedy_policy_step_time_s"]
+        print(f"  GDP          {res['mode']}: {res['samples']} placements in {res['ppo_iterations']} PPO "
+              f"iterations; the result is the {res['result_is']}; the greedy policy's placement: "
+              f"{g * 1e3:.2f} ms{'' if res['greedy_policy_valid'] else ' (invalid)'}")
     mem = ", ".join(_fmt_bytes(b) for b in res["peak_memory_bytes"])
     print(f"  peak memory  {mem} (of {_fmt_bytes(res['memory_bytes'])} each)")
     busy = ", ".join(f"{b * 1e3:.1f}" for b in res["compute_busy_s"])
@@ -450,7 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf")
     po.add_argument("--machine", choices=("p100-pcie", "v100-nvlink"), default="p100-pcie")
     po.add_argument("--batch", type=int, default=None)
-    po.add_argument("--budget", type=float, default=30.0, help="exact: CP-SAT seconds")
+    po.add_argument("--budget", type=float, default=30.0,
+                    help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds")
+    po.add_argument("--pretrained", default=None, help="gdp-pretrained: policy weights (.npz)")
+    po.add_argument("--zero-shot", action="store_true",
+                    help="gdp-pretrained: the pre-trained policy's placement, no updates")
+    po.add_argument("--address", help="gdp: attach to a running Ray cluster: auto or HOST:PORT "
+                                      "(default: an embedded local Ray)")
     po.add_argument("--seed", type=int, default=0)
     po.add_argument("--json", action="store_true")
     pa = sub.add_parser("partition", help="partition a model over the chiplets of a multi-chip module")
