@@ -192,11 +192,13 @@ def greedy_placements(algo, graphs: list[GDPGraph]) -> list[np.ndarray]:
 
 def gdp_train(graphs: list[GDPGraph], *, iterations: int | None = None, time_limit_s: float | None = None,
               seed: int = 0, init_state: dict | None = None, policy: dict | None = None,
-              ppo: dict | None = None, keep_state: bool = False, log=None) -> GDPRun:
+              ppo: dict | None = None, keep_state: bool = False, log=None, config=None,
+              greedy=None, name: str = "gdp") -> GDPRun:
     """PPO on ``graphs`` (one: GDP-one; several: GDP-batch) for ``iterations`` PPO updates or
     ``time_limit_s`` seconds (whichever binds first; at least one must be given), optionally from
     ``init_state`` (fine-tuning). Every sample is simulated; the result reports best-seen and greedy
-    placements apart."""
+    placements apart. ``config`` (an algorithm config built like :func:`gdp_ppo_config`) and ``greedy``
+    (``fn(algo, graphs)``, the greedy policy's placements) let another placer, HDP, share this loop."""
     import torch
 
     from .mcm_ppo import load_module_state, module_state
@@ -207,7 +209,7 @@ def gdp_train(graphs: list[GDPGraph], *, iterations: int | None = None, time_lim
         raise ValueError(f"iterations is {iterations}, must be >= 0")
     t0 = time.perf_counter()
     torch.manual_seed(seed)
-    algo = gdp_ppo_config(graphs, seed=seed, policy=policy, ppo=ppo).build_algo()
+    algo = (config or gdp_ppo_config(graphs, seed=seed, policy=policy, ppo=ppo)).build_algo()
     G = len(graphs)
     best_t = [float("inf")] * G
     best_p: list[np.ndarray | None] = [None] * G
@@ -232,9 +234,9 @@ def gdp_train(graphs: list[GDPGraph], *, iterations: int | None = None, time_lim
                     best_t[gi], best_p[gi] = float(row[1]), np.asarray(row[2:], np.int64)
             curve.append([time.perf_counter() - t0, *best_t])
             if log:
-                log(f"gdp iteration {it}: {samples} placements, best / sampled mean step time (ms) "
+                log(f"{name} iteration {it}: {samples} placements, best / sampled mean step time (ms) "
                     + ", ".join(f"{t * 1e3:.2f} / {m * 1e3:.2f}" for t, m in zip(best_t, sampled_mean[-1])))
-        greedy = greedy_placements(algo, graphs)
+        greedy = (greedy or greedy_placements)(algo, graphs)
         state = module_state(algo) if keep_state else None
     finally:
         algo.stop()
