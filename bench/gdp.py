@@ -14,12 +14,14 @@ the comparison is relative, spec §12):
 * ``gdp-one``: PPO on the graph alone from random weights for ``--time`` wall seconds (the budget was
   fixed before any graph was run), per seed; reported as **best-seen** (the best sampled placement, what
   GDP reports) and **greedy** (the policy's argmax placement at the end) apart;
-* ``hdp``: the HDP-style grouper + LSTM placer with the same reward and budget (when present).
+* ``hdp``: the HDP-style grouper + LSTM placer (``algorithms/rl/hdp.py``) trained by the same PPO loop
+  with the same reward and budget, reported like gdp-one.
 
 Speed-ups are ``T_baseline / T_gdp - 1`` (spec §9.1); geomeans run over the graphs on which both are
 valid; an invalid placement (out of memory, split co-location group) is listed with its reason. Runs
 are cached in ``bench/results/gdp_runs.json`` keyed by graph, method, seed, budget and the code version
-of everything they depend on; each records its commit and command. Writes ``bench/results/gdp.json``.
+of the modules that method depends on (``CODE``); each records its commit and command. Writes
+``bench/results/gdp.json``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS = ("rnnlm-2", "rnnlm-4", "gnmt-2", "gnmt-4", "gnmt-8", "txl-2", "txl-4", "txl-8", "inception-v3",
           "amoebanet", "wavenet-2x18", "wavenet-4x36")
 FAST = ("human", "metis", "m-topo", "m-etf", "m-sct")
-METHODS = FAST + ("random", "gdp-one")
+METHODS = FAST + ("random", "gdp-one", "hdp")
+LEARNED = ("gdp-one", "hdp")
+# the code each method's runs depend on (cache keys): adding or changing one method keeps the others
+_CORE = ("archplace.simulators", "archplace.workloads", "archplace.hardware")
+_GDP = ("archplace.algorithms.rl.gdp_env", "archplace.algorithms.rl.gdp_ppo",
+        "archplace.algorithms.rl.gdp_module", "archplace.algorithms.rl.gdp_policy",
+        "archplace.algorithms.rl.gnn_module", "archplace.algorithms.rl.callbacks")
+CODE = {**{m: ("archplace.algorithms.search.gdp_baselines",) + _CORE for m in FAST},
+        "random": ("archplace.algorithms.search.gdp_baselines",) + _CORE, "gdp-one": _GDP + _CORE,
+        "hdp": _GDP + ("archplace.algorithms.rl.hdp",) + _CORE}
 PAPER_GEOMEAN = {"human": 0.16, "hdp": 0.092}  # GDP-one over HP and HDP, Table 1
 
 
@@ -76,10 +87,13 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
             gdp_baselines.BASELINES[method](problem, seed=0)
         r = simulate(problem, p)
         out.update(step_time_s=r.step_time_s, valid=r.valid, reason=r.reason, samples=1)
-    elif method == "gdp-one":
-        from archplace.algorithms.rl.gdp_ppo import gdp_train
+    elif method in LEARNED:
+        if method == "hdp":
+            from archplace.algorithms.rl.hdp import hdp_train as train
+        else:
+            from archplace.algorithms.rl.gdp_ppo import gdp_train as train
 
-        run = gdp_train([gg], time_limit_s=time_s, seed=seed)
+        run = train([gg], time_limit_s=time_s, seed=seed)
         best_valid = bool(np.isfinite(run.best_step_time_s[0]))
         greedy = simulate(problem, run.greedy_placement[0])
         out.update(step_time_s=run.best_step_time_s[0] if best_valid else float("inf"), valid=best_valid,
@@ -89,7 +103,7 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
                    sampled_mean_step_time_s=[m[0] for m in run.sampled_mean_step_time_s],
                    curve=[[round(c[0], 2), c[1]] for c in run.curve])
     else:
-        raise ValueError(f"run_one: method {method!r} is not a fast placer or gdp-one (random: random_best)")
+        raise ValueError(f"run_one: method {method!r} is not a fast or learned placer (random: random_best)")
     out["search_s"] = time.perf_counter() - t1
     out.update(commit=git_state()["commit"], command=command())
     return out
@@ -147,14 +161,13 @@ def main() -> None:
 
     import ray
 
-    version = code_version("archplace.algorithms", "archplace.simulators", "archplace.workloads",
-                           "archplace.hardware")
+    versions = {m: code_version(*CODE[m]) for m in METHODS}
     cache_path = Path(args.cache)
     cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
 
     def key(g, m, s):
-        t = f"|{args.time}" if m in ("gdp-one", "random") else ""
-        return f"{g}|{m}|{s if m in ('gdp-one', 'random') else 0}{t}|{args.machine}|{version}"
+        t = f"|{args.time}" if m in LEARNED + ("random",) else ""
+        return f"{g}|{m}|{s if m in LEARNED + ('random',) else 0}{t}|{args.machine}|{versions[m]}"
 
     def save():
         tmp = cache_path.with_suffix(".tmp")
@@ -166,10 +179,10 @@ def main() -> None:
         for m in methods:
             if m in FAST:
                 jobs.append((key(g, m, 0), g, m, 0))
-            elif m == "gdp-one":
+            elif m in LEARNED:
                 jobs += [(key(g, m, s), g, m, s) for s in seeds]
     todo = [j for j in jobs if j[0] not in cache]
-    print(f"{len(jobs)} runs, {len(todo)} to do (code version {version})", flush=True)
+    print(f"{len(jobs)} runs, {len(todo)} to do (code versions {versions})", flush=True)
     t0 = time.perf_counter()
     if todo or "random" in methods:
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False)
@@ -199,57 +212,69 @@ def main() -> None:
                 save()
         ray.shutdown()
 
-    out: dict = {**git_state(), "command": command(), "machine": machine(load), "code_version": version,
+    out: dict = {**git_state(), "command": command(), "machine": machine(load), "code_versions": versions,
                  "gpu_machine": args.machine, "seeds": seeds, "time_s": args.time, "methods": methods,
                  "graphs": {}}
     cols = [m for m in ("human", "metis", "m-topo", "m-etf", "m-sct", "random") if m in methods]
-    print(f"\nStep time (ms) on {args.machine}; gdp-one: best-seen mean over seeds {seeds} "
-          f"[greedy policy], {args.time:g} s per seed")
-    print(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>10}" for c in cols) + f"{'gdp-one':>18}")
-    speed: dict[str, list[float]] = {c: [] for c in cols}
+    learned = [m for m in LEARNED if m in methods]
+    print(f"\nStep time (ms) on {args.machine}; learned placers: best-seen mean over seeds {seeds} "
+          f"[the greedy policy's], {args.time:g} s per seed")
+    print(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>10}" for c in cols)
+          + "".join(f"{m:>18}" for m in learned))
+    ref = "gdp-one" if "gdp-one" in learned else None
+    others = cols + [m for m in learned if m != ref]
+    speed: dict[str, list[float]] = {c: [] for c in others}
+
+    def fmt(t: float) -> str:
+        return f"{t * 1e3:.2f}" if np.isfinite(t) else "invalid"
+
     for g in graphs:
         row = {m: cache[key(g, m, 0)] for m in cols if m in FAST}
-        gd = [cache[key(g, "gdp-one", s)] for s in seeds] if "gdp-one" in methods else []
+        runs = {m: [cache[key(g, m, s)] for s in seeds] for m in learned}
         rnd = [cache[key(g, "random", s)] for s in seeds] if "random" in methods else []
-        any_run = next(iter(row.values()), gd[0] if gd else None)
-        entry = {m: {"step_time_s": r["step_time_s"], "valid": r["valid"], "reason": r["reason"]}
-                 for m, r in row.items()}
-        cells = []
-        for c in cols:
-            if c == "random":
-                ok = [r for r in rnd if r["valid"]]
-                t = float(np.mean([r["step_time_s"] for r in ok])) if len(ok) == len(rnd) else float("inf")
-                entry["random"] = {"step_time_s": t, "valid": bool(np.isfinite(t)),
-                                   "per_seed": [r["step_time_s"] for r in rnd]}
-            else:
-                t = row[c]["step_time_s"] if row[c]["valid"] else float("inf")
-            cells.append(f"{t * 1e3:>10.2f}" if np.isfinite(t) else f"{'invalid':>10}")
-        if gd:
-            best = [r["step_time_s"] for r in gd]
-            greedy = [r["greedy_step_time_s"] if r["greedy_valid"] else float("inf") for r in gd]
-            tg = float(np.mean(best)) if all(np.isfinite(best)) else float("inf")
-            entry["gdp-one"] = {"step_time_s": tg, "per_seed": best, "greedy_per_seed": greedy,
-                                "samples": [r["samples"] for r in gd],
-                                "search_s": [r["search_s"] for r in gd]}
-            gtxt = f"{tg * 1e3:.2f}" if np.isfinite(tg) else "inv"
-            gr = np.mean(greedy) if all(np.isfinite(greedy)) else float("inf")
-            cells.append(f"{gtxt:>10} [{gr * 1e3:.1f}]" if np.isfinite(gr) else f"{gtxt:>10} [inv]")
-            for c in cols:
-                tb = entry[c]["step_time_s"]
-                if np.isfinite(tb) and np.isfinite(tg):
-                    speed[c].append(tb / tg)
+        any_run = next(iter(row.values()), next(iter(runs.values()), [None])[0])
+        entry = {m: {"step_time_s": r["step_time_s"] if r["valid"] else float("inf"), "valid": r["valid"],
+                     "reason": r["reason"]} for m, r in row.items()}
+        if rnd:
+            ok = [r for r in rnd if r["valid"]]
+            t = float(np.mean([r["step_time_s"] for r in ok])) if len(ok) == len(rnd) else float("inf")
+            entry["random"] = {"step_time_s": t, "valid": bool(np.isfinite(t)),
+                               "per_seed": [r["step_time_s"] for r in rnd],
+                               "samples": [r["samples"] for r in rnd]}
+        cells = [f"{fmt(entry[c]['step_time_s']):>10}" for c in cols]
+        for m, rs in runs.items():
+            best = [r["step_time_s"] for r in rs]
+            greedy = [r["greedy_step_time_s"] if r["greedy_valid"] else float("inf") for r in rs]
+            tb = float(np.mean(best)) if all(np.isfinite(best)) else float("inf")
+            tg = float(np.mean(greedy)) if all(np.isfinite(greedy)) else float("inf")
+            entry[m] = {"step_time_s": tb, "per_seed": best, "greedy_step_time_s": tg,
+                        "greedy_per_seed": greedy, "samples": [r["samples"] for r in rs],
+                        "iterations": [r["iterations"] for r in rs], "search_s": [r["search_s"] for r in rs]}
+            cells.append(f"{fmt(tb):>10} [{fmt(tg)}]".rjust(18))
+        if ref:
+            for c in others:
+                tb, tr = entry[c]["step_time_s"], entry[ref]["step_time_s"]
+                if np.isfinite(tb) and np.isfinite(tr):
+                    speed[c].append(tb / tr)
         out["graphs"][g] = entry
         print(f"{g:<14}{any_run['nodes'] if any_run else 0:>7}{any_run['devices'] if any_run else 0:>3}"
               + "".join(cells))
-    if "gdp-one" in methods:
+    if ref:
         out["speedup_geomean"] = {}
-        for c in cols:
+        for c in others:
             if speed[c]:
                 s = geomean(speed[c]) - 1
                 out["speedup_geomean"][c] = {"value": s, "graphs": len(speed[c])}
                 paper = f" (paper: {PAPER_GEOMEAN[c]:+.1%})" if c in PAPER_GEOMEAN else ""
-                print(f"  gdp-one over {c}: {s:+.1%} geomean on {len(speed[c])} graphs where both are "
-                      f"valid{paper}")
+                print(f"  gdp-one (best-seen) over {c}: {s:+.1%} geomean on {len(speed[c])} graphs where "
+                      f"both are valid{paper}")
+        best_fast = {g: min(out["graphs"][g][c]["step_time_s"] for c in cols if c in FAST) for g in graphs}
+        vs = [best_fast[g] / out["graphs"][g][ref]["step_time_s"] for g in graphs
+              if np.isfinite(best_fast[g]) and np.isfinite(out["graphs"][g][ref]["step_time_s"])]
+        if vs:
+            out["speedup_geomean"]["best fast placer per graph"] = {"value": geomean(vs) - 1,
+                                                                     "graphs": len(vs)}
+            print(f"  gdp-one (best-seen) over the best fast placer of each graph: {geomean(vs) - 1:+.1%}")
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {args.out}")
 
