@@ -32,6 +32,9 @@ from .gdp_env import GDPEnv, GDPGraph
 PPO_DEFAULTS = {"lr": 1e-3, "gamma": 1.0, "lambda_": 1.0, "entropy_coeff": 0.0, "num_epochs": 2,
                 "train_batch_size_per_learner": 16, "minibatch_size": 16, "clip_param": 0.2,
                 "use_critic": False, "vf_loss_coeff": 0.0, "grad_clip": 1.0}
+# ops per learner minibatch: 16 placements of gnmt-8 (25k ops) took 8.5-12.9 GB in one learner pass and
+# Ray's memory monitor killed the run; 100k ops keep a pass near 3 GB
+NODES_PER_MINIBATCH = 100_000
 GDP_STEP_KEY = "gdp_step"
 GDP_BEST_KEY = "gdp_best"
 
@@ -132,6 +135,10 @@ def gdp_ppo_config(graphs: list[GDPGraph], *, seed: int = 0, policy: dict | None
 
     ppo_cfg = {**PPO_DEFAULTS, **(ppo or {})}
     batch = int(ppo_cfg["train_batch_size_per_learner"])
+    if "minibatch_size" not in (ppo or {}):  # a learner pass holds every op's activations: cap the ops
+        biggest = max(g.problem.num_nodes for g in graphs)
+        cap = NODES_PER_MINIBATCH // biggest
+        ppo_cfg["minibatch_size"] = max(1, min(int(ppo_cfg["minibatch_size"]), cap))
     envs = max(1, batch // max(1, num_env_runners))
     config = (
         PPOConfig()
