@@ -139,6 +139,16 @@ class Result:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+class DetailsResult(Result):
+    """A result whose last fields are ``details`` (algorithm-specific keys) and ``wall_s``: ``to_dict()``
+    flattens the details in before ``wall_s``, so ``--json`` has one level."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        details, wall = d.pop("details"), d.pop("wall_s")
+        return {**d, **details, "wall_s": wall}
+
+
 # ---------------------------------------------------------------------- progress and cancellation
 class Steps:
     """Reports the end of each phase to ``progress`` and raises ``Cancelled`` at the next boundary

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from ._common import (
+    DetailsResult,
     InvalidRequest,
     ProgressFn,
     Request,
-    Result,
     Steps,
     check_bool,
     check_choice,
@@ -73,7 +73,7 @@ class PlaceOpsRequest(Request):
 
 
 @dataclass
-class PlaceOpsResult(Result):
+class PlaceOpsResult(DetailsResult):
     model: str
     devices: int
     algo: str
@@ -92,11 +92,6 @@ class PlaceOpsResult(Result):
     placement: dict[str, int]       # operator name -> GPU
     details: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        details, wall = d.pop("details"), d.pop("wall_s")
-        return {**d, **details, "wall_s": wall}
 
 
 def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._common import (
+    DetailsResult,
     InvalidRequest,
     ProgressFn,
     Request,
-    Result,
     Steps,
     check_bool,
     check_choice,
@@ -90,7 +90,7 @@ class PartitionRequest(Request):
 
 
 @dataclass
-class PartitionResult(Result):
+class PartitionResult(DetailsResult):
     model: str
     chiplets: int
     algo: str
@@ -106,11 +106,6 @@ class PartitionResult(Result):
     assignment: dict[str, int]      # operator name -> chiplet
     details: dict[str, Any] = field(default_factory=dict)  # ppo: valid_samples, pretrained, mode, ...
     wall_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        details, wall = d.pop("details"), d.pop("wall_s")
-        return {**d, **details, "wall_s": wall}
 
 
 def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,

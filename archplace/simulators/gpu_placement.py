@@ -337,8 +337,6 @@ def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d
     start = np.zeros(n)
     fin = np.full(n, -1.0)
     xid = np.full((n, d), -1, np.int64)  # transfer record of (op, destination), -1 none
-    tv = np.empty(n * d, np.int64)
-    tf = np.empty(n * d, np.int64)
     ts = np.empty(n * d)
     te = np.empty(n * d)
     tsz = np.empty(n * d)
@@ -424,8 +422,6 @@ def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d
                                 s = max(t, pair_free[e, f])
                                 pair_free[e, f] = s + dur
                             xid[v, f] = nt
-                            tv[nt] = v
-                            tf[nt] = f
                             ts[nt] = s
                             te[nt] = s + dur
                             tsz[nt] = size[f]
