@@ -15,7 +15,9 @@ the comparison is relative, spec §12):
   fixed before any graph was run), per seed; reported as **best-seen** (the best sampled placement, what
   GDP reports) and **greedy** (the policy's argmax placement at the end) apart;
 * ``hdp``: the HDP-style grouper + LSTM placer (``algorithms/rl/hdp.py``) trained by the same PPO loop
-  with the same reward and budget, reported like gdp-one.
+  with the same reward and budget, reported like gdp-one;
+* ``gdp-noatt``: the attention ablation (spec §9.5), GDP-one whose placer has no attention (each node
+  attends only to itself: a per-node residual MLP of the same depth), same loop, reward and budget.
 
 Speed-ups are ``T_baseline / T_gdp - 1`` (spec §9.1); geomeans run over the graphs on which both are
 valid; an invalid placement (out of memory, split co-location group) is listed with its reason. Runs
@@ -42,8 +44,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS = ("rnnlm-2", "rnnlm-4", "gnmt-2", "gnmt-4", "gnmt-8", "txl-2", "txl-4", "txl-8", "inception-v3",
           "amoebanet", "wavenet-2x18", "wavenet-4x36")
 FAST = ("human", "metis", "m-topo", "m-etf", "m-sct")
-METHODS = FAST + ("random", "gdp-one", "hdp")
-LEARNED = ("gdp-one", "hdp")
+METHODS = FAST + ("random", "gdp-one", "hdp", "gdp-noatt")
+LEARNED = ("gdp-one", "hdp", "gdp-noatt")
+# the attention ablation (spec §9.5): GDP-one with the placer's attention replaced by a per-node MLP of the
+# same depth (gdp_policy's ``attention=False``), same PPO, reward and budget
+POLICY = {"gdp-noatt": {"attention": False}}
 # the code each method's runs depend on (cache keys): adding or changing one method keeps the others
 _CORE = ("archplace.simulators", "archplace.workloads", "archplace.hardware")
 _GDP = ("archplace.algorithms.rl.gdp_env", "archplace.algorithms.rl.gdp_ppo",
@@ -51,8 +56,9 @@ _GDP = ("archplace.algorithms.rl.gdp_env", "archplace.algorithms.rl.gdp_ppo",
         "archplace.algorithms.rl.gnn_module", "archplace.algorithms.rl.callbacks")
 CODE = {**{m: ("archplace.algorithms.search.gdp_baselines",) + _CORE for m in FAST},
         "random": ("archplace.algorithms.search.gdp_baselines",) + _CORE, "gdp-one": _GDP + _CORE,
-        "hdp": _GDP + ("archplace.algorithms.rl.hdp",) + _CORE}
-PAPER_GEOMEAN = {"human": 0.16, "hdp": 0.092}  # GDP-one over HP and HDP, Table 1
+        "hdp": _GDP + ("archplace.algorithms.rl.hdp",) + _CORE, "gdp-noatt": _GDP + _CORE}
+# GDP-one over HP and HDP (Table 1) and over the placer without attention (§4.4)
+PAPER_GEOMEAN = {"human": 0.16, "hdp": 0.092, "gdp-noatt": 0.18}
 
 
 def build(name: str, machine_name: str):
@@ -93,7 +99,8 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
         else:
             from archplace.algorithms.rl.gdp_ppo import gdp_train as train
 
-        run = train([gg], time_limit_s=time_s, seed=seed)
+        kw = {"policy": POLICY[method]} if method in POLICY else {}
+        run = train([gg], time_limit_s=time_s, seed=seed, **kw)
         best_valid = bool(np.isfinite(run.best_step_time_s[0]))
         greedy = simulate(problem, run.greedy_placement[0])
         out.update(step_time_s=run.best_step_time_s[0] if best_valid else float("inf"), valid=best_valid,
