@@ -18,7 +18,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
