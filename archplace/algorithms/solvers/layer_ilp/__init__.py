@@ -71,14 +71,13 @@ What makes CP-SAT fast on real layers (none of it changes the optimum; details i
   bound, and ``y_i = 0`` when ``ℓ̂_i ≥ ℓ_i``; core-relabelling symmetry breaking
   (``cpsat._cpsat_symmetry``); the bound of an earlier lazy round as a lower bound on ``T``;
 - hints: the greedy/sequential schedule; on 8+ ops, if a 1 s first attempt does not prove
-  optimality, a schedule from a compact interval model (``cpsat._warm_start``), then the lazy rounds go on.
-  Finding good incumbents, not the bound, is what takes CP-SAT long on these instances.
+  optimality, a schedule from a compact interval model (``cpsat._warm_start``), then the lazy
+  rounds go on. Finding good incumbents, not the bound, is what takes CP-SAT long on these instances.
 
 The HiGHS backend gets the formulation only (no redundant constraints), which keeps it an
 independent cross-check; HiGHS's MIP symmetry detection is switched off (it returned a suboptimal
 point as optimal on one random 7-op instance). OR-Tools and highspy ship clashing copies of
 ``libhighs.so.1``, so HiGHS runs in a worker subprocess (see ``workers.py``).
-
 
 Where things are (one concern per module; read them in this order):
 
