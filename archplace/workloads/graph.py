@@ -18,26 +18,40 @@ import numpy as np
 from .ops import CORE_CLASSES, OP_KINDS
 
 
-def kahn_order(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int]:
+def kahn_order(n: int, src: np.ndarray, dst: np.ndarray, *,
+               depth_first: bool = False) -> tuple[np.ndarray, int]:
     """Kahn's topological order of ``n`` nodes (smallest ready node first, so deterministic) and ``-1``;
-    on a cycle, the nodes ordered so far and a node on or behind the cycle."""
-    import heapq
+    on a cycle, the nodes ordered so far and a node on or behind the cycle.
 
-    indeg = np.bincount(dst, minlength=n)
+    ``depth_first`` takes the most recently readied node first instead (the initially ready nodes
+    smallest first, a node's successors in edge order and the last of them first): the order the
+    layer ILP has always ranked ops by. Its schedules break ties by that rank, so keeping the order
+    keeps their results (and cached schedules) unchanged."""
+    import heapq
+    from functools import partial
+
+    indeg_a = np.bincount(dst, minlength=n)
     order = np.argsort(src, kind="stable")
-    starts = np.searchsorted(src[order], np.arange(n + 1))
-    succ = dst[order]
-    ready = [int(i) for i in np.flatnonzero(indeg == 0)]
-    heapq.heapify(ready)
+    # plain lists: the loop below touches every edge once, and numpy scalars would make it slow
+    starts = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    succ = dst[order].tolist()
+    indeg = indeg_a.tolist()
+    ready = np.flatnonzero(indeg_a == 0).tolist()
+    if depth_first:
+        ready.reverse()
+        pop, push = ready.pop, ready.append
+    else:
+        heapq.heapify(ready)
+        pop, push = partial(heapq.heappop, ready), partial(heapq.heappush, ready)
     out = []
     while ready:
-        u = heapq.heappop(ready)
+        u = pop()
         out.append(u)
         for v in succ[starts[u]:starts[u + 1]]:
             indeg[v] -= 1
             if indeg[v] == 0:
-                heapq.heappush(ready, int(v))
-    stuck = int(np.flatnonzero(indeg > 0)[0]) if len(out) != n else -1
+                push(v)
+    stuck = next(i for i, d in enumerate(indeg) if d > 0) if len(out) != n else -1
     return np.asarray(out, dtype=np.int64), stuck
 
 # Node columns and their dtypes. Units: *_bytes in bytes, flops in floating-point operations

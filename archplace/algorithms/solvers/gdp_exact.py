@@ -59,7 +59,6 @@ weights). No Ray import here.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...simulators.gpu_placement import PlacementProblem, simulate
+from ...workloads.graph import kahn_order
 
 __all__ = ["ExactResult", "MAX_NODES", "DEVICES", "RESOLUTION", "exact_placement", "tick_seconds"]
 
@@ -103,24 +103,11 @@ class ExactResult:
 # ---------------------------------------------------------------------------------------------- instance
 def _topo_rank(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Rank of every op in a topological order (Kahn, smallest index first); raises on a cycle."""
-    indeg = np.bincount(dst, minlength=n)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for a, b in zip(src.tolist(), dst.tolist()):
-        succ[a].append(b)
-    heap = [v for v in range(n) if indeg[v] == 0]
-    heapq.heapify(heap)
-    rank = np.full(n, -1, np.int64)
-    k = 0
-    while heap:
-        v = heapq.heappop(heap)
-        rank[v] = k
-        k += 1
-        for w in succ[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                heapq.heappush(heap, w)
-    if k < n:
+    order, stuck = kahn_order(n, src, dst)
+    if stuck >= 0:
         raise ValueError("the graph has a cycle: it has no schedule")
+    rank = np.full(n, -1, np.int64)
+    rank[order] = np.arange(n)
     return rank
 
 

@@ -100,6 +100,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.constraint_solver import pywrapcp
 
+from ...workloads.graph import kahn_order
+
 __all__ = ["MAX_CHIPS", "MCMRepairer", "RepairResult", "repair"]
 
 MAX_CHIPS = 64  # chip sets are Python-int bitmasks; the paper's package has 36
@@ -717,16 +719,13 @@ def _as_edges(src, dst) -> tuple[np.ndarray, np.ndarray]:
 def _skip_triples(n: int, preds: list[list[int]], succs: list[list[int]]) -> list[list[tuple[int, int, int]]]:
     """For every edge (p, q) and node m on another path p ~> q: (p, m, q), listed under each of the three.
     Empty when the graph has a cycle (these are implied constraints, not needed for soundness)."""
-    indeg = [len(p) for p in preds]
-    topo = [u for u in range(n) if not indeg[u]]
-    for u in topo:
-        for v in succs[u]:
-            indeg[v] -= 1
-            if not indeg[v]:
-                topo.append(v)
+    src = np.array([u for u in range(n) for _ in succs[u]], dtype=np.int64)
+    dst = np.array([v for u in range(n) for v in succs[u]], dtype=np.int64)
+    order, stuck = kahn_order(n, src, dst)  # descendant and ancestor sets do not depend on the order
     tri: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-    if len(topo) < n:
+    if stuck >= 0:
         return tri
+    topo = order.tolist()
     desc = [0] * n
     anc = [0] * n
     for u in reversed(topo):

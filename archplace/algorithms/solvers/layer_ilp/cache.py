@@ -1,0 +1,71 @@
+"""Schedules cached by a content hash of the instance and the solver settings: in memory (an LRU
+of ``CACHE_MAX_ENTRIES``) and, when asked, as one JSON file per key in a directory.
+
+Repeated transformer blocks, and the same architecture seen again by a search, then cost no solve.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .problem import LayerProblem
+from .schedule import LayerSchedule
+
+_CACHE: collections.OrderedDict[str, LayerSchedule] = collections.OrderedDict()
+CACHE_MAX_ENTRIES = 4096
+
+
+def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
+                       rel_gap: float = 0.0, lazy: bool = True, decompose: bool = True) -> str:
+    """Content hash of the op kinds, ℓ and ℓ̂ bytes, edges, core counts and solver settings (op
+    names are ignored)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"phaze-layer-ilp-v1")
+    for a in (problem.kind.astype(np.int8), problem.latency_s.astype("<f8"),
+              problem.intra_latency_s.astype("<f8"), problem.edge_src.astype("<i8"),
+              problem.edge_dst.astype("<i8")):
+        h.update(np.int64(a.size).tobytes())
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(json.dumps([problem.num_tc, problem.num_vc, backend, float(time_limit_s), float(rel_gap),
+                         bool(lazy), bool(decompose)]).encode())
+    return h.hexdigest()
+
+
+def clear_schedule_cache() -> None:
+    _CACHE.clear()
+
+
+def _cache_get(key: str, cache_dir: str | Path | None) -> LayerSchedule | None:
+    hit = _CACHE.get(key)
+    if hit is None and cache_dir is not None:
+        f = Path(cache_dir) / f"{key}.json"
+        if f.is_file():
+            try:
+                hit = LayerSchedule.from_dict(json.loads(f.read_text()))
+            except (ValueError, KeyError, TypeError):
+                hit = None
+            if hit is not None:
+                _CACHE[key] = hit
+    if hit is None:
+        return None
+    _CACHE.move_to_end(key)
+    return hit.copy(from_cache=True)
+
+
+def _cache_put(key: str, sched: LayerSchedule, cache_dir: str | Path | None) -> None:
+    _CACHE[key] = sched.copy()
+    _CACHE.move_to_end(key)
+    while len(_CACHE) > CACHE_MAX_ENTRIES:
+        _CACHE.popitem(last=False)
+    if cache_dir is not None:
+        d = Path(cache_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(sched.to_dict(), allow_nan=True))
+        tmp.replace(d / f"{key}.json")

@@ -1,0 +1,121 @@
+"""Appendix A's lazy resource constraints: rounds of the ILP that add the core-assignment variables
+of a core type back only once a solution over-subscribes that type.
+
+``_LazyState`` is what the rounds carry from one call to the next (the quick first attempt and the
+second phase of ``solve._solve_connected`` share it), so a later call neither repeats a round nor
+forgets a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cpsat import _solve_cpsat
+from .heuristics import _repair
+from .model import _build_spec, _Raw, _Spec
+from .problem import LayerProblem
+from .schedule import LayerSchedule, _asap, _assign_cores, _core_usage, _finish
+from .workers import _call_isolated, _cpsat_in_process
+
+
+@dataclass
+class _LazyState:
+    """What the lazy rounds of one ``_solve_connected`` call carry across ``_lazy_solve`` calls.
+
+    The quick first attempt and the second phase share one state so that the second phase starts
+    with the z-types the first one had to add, the best bound it proved (passed to the next round as
+    a lower bound on ``T``) and the best valid schedule found so far (the next round's hint, and the
+    fallback when no round finds a solution in time).
+    """
+
+    z_types: dict[str, bool]  # "tc" / "vc": whether that core type's z-variables are in the model
+    hint: LayerSchedule  # the best valid schedule known (heuristic, warm start or repaired round)
+    lazy_rounds: int = 0  # how many times z-variables were added back (``LayerSchedule.lazy_rounds``)
+    bound_s: float = float("nan")  # best proven lower bound on the makespan, seconds; NaN: none yet
+    solver: str = ""  # name of the backend that answered the last round
+
+
+def _run_backend(backend: str, problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
+                 hint: LayerSchedule | None, num_workers: int, lower_bound_s: float = float("nan")) -> _Raw:
+    args = (problem, spec, time_limit_s, rel_gap, hint, num_workers, lower_bound_s)
+    if backend == "cpsat" and _cpsat_in_process():
+        return _solve_cpsat(*args)
+    fn = "cpsat._solve_cpsat" if backend == "cpsat" else "milp._solve_milp"
+    raw = _call_isolated(backend, fn, *args, timeout_s=time_limit_s + 120.0)
+    if raw is None:
+        return _Raw(False, False, float("nan"), float("nan"), name=f"{backend} (worker failed)")
+    return raw
+
+
+def _rebuild(problem: LayerProblem, raw: _Raw, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float schedule from a solver solution: ASAP along x ∪ ≺ ∪ (solver t-order)."""
+    n = problem.num_ops
+    intra = raw.y.copy()
+    dur = np.where(intra, problem.intra_latency_s, problem.latency_s)
+    base = raw.x | problem.reach()
+    eps = 1e-9 * max(problem.horizon_s(), 1e-300)
+    s, e = raw.start_s, raw.end_s
+    key_less = (s[:, None] < s[None, :]) | ((s[:, None] == s[None, :]) & (rank[:, None] < rank[None, :]))
+    torder = (e[:, None] <= s[None, :] + eps) & key_less & ~np.eye(n, dtype=bool)
+    start = _asap(base | torder, dur)
+    if start is None:
+        start = _asap(base, dur)
+    if start is None:  # x not acyclic (numerical trouble)
+        raise RuntimeError("solver x-order is cyclic")
+    return start, intra
+
+
+def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float, num_workers: int,
+                rank: np.ndarray, st: _LazyState) -> LayerSchedule | None:
+    """Lazy rounds until a solution fits the cores (returned, status "optimal" when its round was
+    solved to optimality) or the time runs out / a round has no solution (None). ``st`` carries the
+    active z-types, the number of rounds, the best bound and the best valid schedule (the hint)
+    across calls and is updated in place; an over-subscribed solution is repaired into a valid one
+    for the next hint."""
+    t0 = time.perf_counter()
+    active = st.z_types
+    while True:
+        left = end - time.perf_counter()
+        if left <= 0:
+            return None
+        spec = _build_spec(problem, active["tc"], active["vc"])
+        raw = _run_backend(backend, problem, spec, left, rel_gap, st.hint, num_workers, st.bound_s)
+        st.solver = raw.name
+        # every round's model is a relaxation of (or equal to) the full one: its bound is valid
+        if math.isfinite(raw.bound_s):
+            st.bound_s = raw.bound_s if not math.isfinite(st.bound_s) else max(st.bound_s, raw.bound_s)
+        if not raw.has_solution:
+            return None
+        try:
+            start, intra = _rebuild(problem, raw, rank)
+        except RuntimeError:
+            return None
+        dur = np.where(intra, problem.intra_latency_s, problem.latency_s)
+        use_tc, use_vc = _core_usage(problem, start, dur, intra)
+        need = set()
+        if not active["tc"] and use_tc > problem.num_tc:
+            need.add("tc")
+        if not active["vc"] and use_vc > problem.num_vc:
+            need.add("vc")
+        cores = None
+        if not need:
+            cores = _assign_cores(problem, start, dur, intra,
+                                  raw.z_tc if active["tc"] else None, raw.z_vc if active["vc"] else None)
+            if cores is None:
+                need = {t for t in ("tc", "vc") if not active[t]}
+                if not need:  # cannot happen with a full model
+                    return None
+        if need:
+            for t in need:
+                active[t] = True
+            st.lazy_rounds += 1
+            fixed = _repair(problem, start, intra)
+            if fixed.makespan_s < st.hint.makespan_s:
+                st.hint = fixed  # the next round starts from the repaired solution
+            continue
+        return _finish(problem, start, intra, cores[0], cores[1], "optimal" if raw.optimal else "feasible",
+                       raw.name, t0, bound_s=st.bound_s)
