@@ -81,7 +81,25 @@ def _arch_label(a: dict[str, Any]) -> str:
             f"{a['pe_vc']}}}")
 
 
+def _print_profiled(res: dict[str, Any]) -> None:
+    """A profiled graph's measured latencies, in the file's own time unit (no ms / µs labels)."""
+    t = res["totals"]
+    print(f"{res['model']}: measured latencies from the file [profiled]")
+    print(f"  note         {res['note']}")
+    print(f"  sum of ops   {t['sequential_single_core_s']:.6g} (forward {t['forward_s']:.6g}, "
+          f"backward {t['backward_s']:.6g}), in the file's unit")
+    top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
+    print(f"  {'slowest ops':58s} {'latency':>12s}")
+    for o in top:
+        print(f"  {o['name'][:58]:58s} {o['single_core_s']:12.6g}")
+
+
 def print_estimate(res: dict[str, Any]) -> None:
+    if res.get("reason"):
+        print(f"{res['model']}: all latencies are 0: {res['reason']}")
+    if res["backend"] == "profiled":
+        _print_profiled(res)
+        return
     t = res["totals"]
     a = res["arch"]
     print(f"{res['model']} on {_arch_label(a)} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
@@ -98,12 +116,12 @@ def print_estimate(res: dict[str, Any]) -> None:
               f"{o['all_cores_s'] * 1e6:10.1f}")
 
 
-def _parse_fixed(text: str | None) -> tuple[int, int, int] | None:
+def _parse_fixed(text: str | None, flag: str = "--fixed") -> tuple[int, int, int] | None:
     if text is None:
         return None
     parts = text.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-        raise ValueError(f"--fixed must be p,d,t with three positive integers, got {text!r}")
+        raise ValueError(f"{flag} must be p,d,t with three positive integers, got {text!r}")
     return tuple(int(p) for p in parts)  # type: ignore[return-value]
 
 
@@ -112,17 +130,47 @@ def cmd_place(args) -> dict[str, Any]:
     req = api.PlaceRequest(args.model, args.arch, accelerators=args.accelerators,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
+                           expert=_parse_fixed(args.expert, "--expert"),
                            ilp_time_limit_s=args.ilp_time_limit)
     return api.place(req).to_dict()
+
+
+def _gap_text(ilp: dict[str, Any]) -> str:
+    """``worst gap 3.1% (backward of layer …, microbatch 4, tmp 1)``; the unknown-gap count too."""
+    g, w = ilp.get("worst_gap"), ilp.get("worst_slice")
+    text = "worst gap unknown" if g is None else f"worst gap {g:.1%}"
+    if g and w:
+        layers = w["layers"]
+        text += (f" ({w['pass']} of {layers[0]}{f' and {len(layers) - 1} more' if len(layers) > 1 else ''}"
+                 + (f", microbatch {w['microbatch']}, tmp {w['tmp']}" if "microbatch" in w else "") + ")")
+    if ilp.get("gap_unknown"):
+        text += f"; {ilp['gap_unknown']} slice(s) without a proven bound"
+    return text
+
+
+def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
+    """One line: the layer-slice ILPs' solver statuses and the worst gap."""
+    if schedule != "ilp":
+        print("  layer ILP    not used (sequential schedules: every op intra-op parallel)")
+        return
+    counts = ilp.get("status_counts")
+    if counts is None:
+        return
+    n = sum(counts.values())
+    print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+          + f"; {_gap_text(ilp)}")
 
 
 def print_place(res: dict[str, Any]) -> None:
     pl = res["placement"]
     a = res["arch"]
+    what = {"expert": "expert placement, even block split", "fixed": "fixed p,d,t, DP stage split"}
     print(f"{res['model']} on {res['accelerators']} × {_arch_label(a)}, global batch "
-          f"{res['global_batch']} [{res['schedule']} layer schedules]")
+          f"{res['global_batch']} [{res['schedule']} layer schedules"
+          + (f"; {what[res['strategy']]}" if res.get("strategy") in what else "") + "]")
+    _print_ilp(res.get("ilp") or {}, res["schedule"])
     if not pl["feasible"]:
-        print(f"  infeasible: {pl.get('reason', '')}")
+        print(f"  infeasible: {pl.get('reason') or 'no placement fits (no reason given)'}")
         return
     print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
     print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
@@ -251,6 +299,8 @@ def print_partition(res: dict[str, Any]) -> None:
     imp = res["improvement"]
     print(f"{res['model']} ({res['nodes']} nodes) on {res['chiplets']} chiplets [{res['algo']}, "
           f"{res['samples']} samples, {res['wall_s']:.1f} s]")
+    if not res["valid"]:
+        print(f"  INVALID      {res['reason']}")
     print(f"  throughput   {res['throughput']:.2f} /s  ({imp:.3f}× the greedy heuristic's "
           f"{res['greedy_throughput']:.2f} /s)" if imp else f"  throughput   {res['throughput']:.2f} /s")
     lat = res["chip_latency_s"][:res["chips_used"]]
@@ -397,7 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
     pl.add_argument("--accelerators", type=int, default=1024)
     pl.add_argument("--global-batch", type=int, default=4096)
-    pl.add_argument("--fixed", help="evaluate one strategy p,d,t (e.g. an expert placement)")
+    pl.add_argument("--fixed", metavar="P,D,T",
+                    help="fixed {p,d,t}, optimised split: the DP still chooses which layers form each stage")
+    pl.add_argument("--expert", metavar="P,D,T",
+                    help="evaluate exactly the paper's expert placement {p,d,t}: an even split of the "
+                         "transformer blocks over p stages (as bench/phaze_tpuv4.py)")
     pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
     pl.add_argument("--seq", type=int, default=None)
     pl.add_argument("--sequential", action="store_true",
