@@ -210,9 +210,10 @@ def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
         est = OpEstimates(lat, lat, "profiled")
         unsupported = int((~np.asarray(extra.get("supported_on_acc", np.ones(len(lat), bool)))).sum())
         note = ("profiled latencies: each op's measured accelerator time (the file's fpgaLatency, in the "
-                "file's time unit: the *_s fields hold it unconverted), not an estimate for --arch; --arch and "
-                "--backend are not used" + (f"; {unsupported} op(s) are not supported on the accelerator"
-                                            if unsupported else ""))
+                "file's time unit: the *_s fields hold it unconverted), not an estimate for --arch; "
+                "--arch and --backend are not used")
+        if unsupported:
+            note += f"; {unsupported} op(s) are not supported on the accelerator"
     else:
         est = estimate_graph(g, acc, backend=req.backend)
     steps.stage("estimate", backend=est.backend)

@@ -248,9 +248,21 @@ def print_search(res: dict[str, Any]) -> None:
               f"{cache['distinct_per_arch']} distinct slices {cache['cross_trial_hits']} came from the "
               f"schedule "
               f"cache ({cache['cross_trial_hit_rate']:.0%}) and {cache['solved']} were solved")
+    ilp = st.get("ilp")
+    if ilp is not None:
+        n = sum(ilp["status_counts"].values())
+        g = ilp["worst_gap"]
+        at = ilp.get("worst_gap_at") or {}
+        print(f"  ILP answers  {n} slice solves over architectures × models: "
+              + ", ".join(f"{v} {k}" for k, v in sorted(ilp["status_counts"].items()))
+              + ("; worst gap unknown" if g is None else f"; worst gap {g:.1%}")
+              + (f" ({at['model']} on {at['arch_label']})" if g and at else "")
+              + (f"; {ilp['gap_unknown']} without a proven bound" if ilp.get("gap_unknown") else ""))
     c = res.get("common")
     if c is None:
-        print("  no architecture gave a feasible placement")
+        print("  no architecture gave a feasible placement"
+              + (f" ({res['infeasible']} infeasible, {res['failed']} failed; the reasons are in the "
+                 f"'error' column of {res['out_dir']}/evaluations.parquet)" if res.get("evaluated") else ""))
     else:
         print(f"  best common  {c['arch_label']}  area {c['area_mm2']:.2f} mm²  "
               f"average {c['throughput_avg']:,.1f} samples/s")
@@ -260,7 +272,10 @@ def print_search(res: dict[str, Any]) -> None:
         vs = res.get("speedup_vs_reference", {}).get(m)
         print(f"  {m:14s} best {b['arch_label']}: {b['throughput']:,.1f} samples/s "
               f"(p={b['p']} d={b['d']} t={b['t']}, mbs {b['microbatch']})"
-              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else ""))
+              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else "")
+              + (f"; ILP {', '.join(f'{v} {k}' for k, v in sorted(b['ilp_status'].items()))}, "
+                 + ("worst gap unknown" if b.get("ilp_worst_gap") is None else
+                    f"worst gap {b['ilp_worst_gap']:.1%}") if b.get("ilp_status") else ""))
     out = res["out_dir"]
     print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")
 

@@ -433,6 +433,10 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
     else:
         best = store.close(meta)
     stats["wall_s"] = time.perf_counter() - t0
+    if settings.schedule == "ilp":
+        from .store import ilp_overall
+
+        stats["ilp"] = ilp_overall(store.rows)
     if report and len(store):
         from .report import write_report
 
