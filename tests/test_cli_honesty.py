@@ -165,3 +165,30 @@ def test_place_infeasible_says_why(capsys):
 def test_place_expert_bad_input(capsys, argv, match):
     code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
     assert code == 2 and out == "" and match in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------- solve-dp
+def test_solve_dp_without_a_split_says_why(capsys, tmp_path):
+    """A node larger than an accelerator's memory and no CPU: infeasible, with the solver's finding
+    (the summary no longer crashes on the empty device loads)."""
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps({
+        "maxSizePerFPGA": 1000, "maxFPGAs": 1, "maxCPUs": 0,
+        "nodes": [{"id": 0, "supportedOnFpga": 1, "cpuLatency": 1.0, "fpgaLatency": 1.0, "isBackwardNode": 0,
+                   "size": 2000},
+                  {"id": 1, "supportedOnFpga": 1, "cpuLatency": 1.0, "fpgaLatency": 1.0, "isBackwardNode": 0,
+                   "size": 10}],
+        "edges": [{"sourceId": 0, "destId": 1, "cost": 0.5}]}))
+    code, out, _ = run(capsys, "solve-dp", str(path), "--json")
+    res = json.loads(out)
+    assert code == 0 and res["max_load"] is None and res["status"] == "infeasible"
+    assert res["reason"].startswith("a node fits on no device; no split meets the constraints")
+    code, out, _ = run(capsys, "solve-dp", str(path))
+    assert code == 0 and "no split     a node fits on no device" in out
+
+
+def test_solve_dp_with_a_split_has_no_reason(capsys):
+    path = str(DNN_DATA / "throughput-inputs/LayerGraphs/bert24_inference.json")
+    code, out, _ = run(capsys, "solve-dp", path, "--json")
+    res = json.loads(out)
+    assert code == 0 and res["max_load"] > 0 and res["reason"] is None

@@ -192,6 +192,7 @@ class SolveDpResult(Result):
     stats: dict[str, Any]
     reference: float | None       # the published optimum, for the known inputs
     rel_diff: float | None
+    reason: str | None = None     # why there is no max-load (None when there is one)
 
 
 def solve_dp(req: SolveDpRequest, *, progress: ProgressFn | None = None,
@@ -202,5 +203,14 @@ def solve_dp(req: SolveDpRequest, *, progress: ProgressFn | None = None,
     req.validate()
     steps = Steps("solve_dp", progress, cancel)
     res = SolveDpResult(**solve_dp_command(req.file, req.method, req.time_limit_s))
+    if res.max_load is None:
+        found = (res.stats or {}).get("reason")   # the solver's own finding, e.g. "a node fits on no device"
+        res.reason = (f"{found}; " if found else "") + {
+            "infeasible": "no split meets the constraints: every node on one of the k accelerators or the "
+                          "CPU, within maxSizePerFPGA per accelerator, colour classes together, unsupported "
+                          "nodes on the CPU, each device's nodes contiguous",
+            "unknown": f"the time limit ({req.time_limit_s:g} s) ran out before any split was found; "
+                       "raise --time-limit"}.get(res.status, f"the solver ended with status {res.status!r} "
+                                                          "and no split")
     steps.done(status=res.status, max_load=res.max_load)
     return res

@@ -192,11 +192,13 @@ def print_solve_dp(res: dict[str, Any]) -> None:
     ml = res["max_load"]
     print(f"{res['file']}: max-load {ml if ml is None else format(ml, '.10g')} ({res['status']}, "
           f"method {res['method']}, {res['solve_time_s']:.2f} s)")
+    if res.get("reason"):
+        print(f"  no split     {res['reason']}")
     if res.get("reference") is not None:
         print(f"  reference optimum {res['reference']:.10g}, relative difference {res['rel_diff']:.2e}")
     if res.get("gap"):
         print(f"  lower bound {res['lower_bound']:.10g}, gap {res['gap']:.2%}")
-    for dev in res.get("devices", []):
+    for dev in res.get("devices", []) if ml is not None else []:
         name = f"{dev['kind']} {dev['index']}"
         print(f"  {name:14s} load {dev['load']:.6g}  nodes {dev['nodes']}")
 
@@ -276,6 +278,10 @@ def print_search(res: dict[str, Any]) -> None:
               + (f"; ILP {', '.join(f'{v} {k}' for k, v in sorted(b['ilp_status'].items()))}, "
                  + ("worst gap unknown" if b.get("ilp_worst_gap") is None else
                     f"worst gap {b['ilp_worst_gap']:.1%}") if b.get("ilp_status") else ""))
+    for m, reasons in (st.get("no_placement") or {}).items():
+        top, n = next(iter(reasons.items()))
+        print(f"  {m:14s} no feasible placement on any architecture evaluated; most often: {top} "
+              f"({n} of {sum(reasons.values())})")
     out = res["out_dir"]
     print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")
 
