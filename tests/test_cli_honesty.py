@@ -192,3 +192,27 @@ def test_solve_dp_with_a_split_has_no_reason(capsys):
     code, out, _ = run(capsys, "solve-dp", path, "--json")
     res = json.loads(out)
     assert code == 0 and res["max_load"] > 0 and res["reason"] is None
+
+
+# ---------------------------------------------------------------------- search summary
+def test_search_summary_prints_ilp_answers_and_why_nothing_fits(capsys):
+    from archplace.platform.cli import print_search
+
+    res = {"models": ["bert-base", "gpt3-175b"], "num_devices": 64, "global_batch": 256, "searcher": "phaze",
+           "evaluated": 3, "failed": 0, "infeasible": 3, "common": None, "reference": None,
+           "speedup_vs_reference": {}, "out_dir": "runs/x",
+           "per_model": {"bert-base": {"arch_label": "A", "throughput": 10.0, "p": 2, "d": 4, "t": 1,
+                                       "microbatch": 1, "ilp_status": {"optimal": 5, "feasible": 1},
+                                       "ilp_worst_gap": 0.1}},
+           "stats": {"wall_s": 1.0, "ilp": {"status_counts": {"optimal": 15, "feasible": 3}, "worst_gap": 0.1,
+                                            "worst_gap_at": {"model": "bert-base", "arch_label": "A"},
+                                            "gap_unknown": 2},
+                     "no_placement": {"gpt3-175b": {"expert stage 0 needs 40.00 GiB of HBM": 2, "x": 1}}}}
+    print_search(res)
+    out = capsys.readouterr().out
+    assert ("ILP answers  18 slice solves over architectures × models: 3 feasible, 15 optimal; "
+            "worst gap 10.0% (bert-base on A); 2 without a proven bound") in out
+    assert "ILP 1 feasible, 5 optimal, worst gap 10.0%" in out
+    assert "no architecture gave a feasible placement (3 infeasible, 0 failed" in out
+    assert ("gpt3-175b      no feasible placement on any architecture evaluated; most often: expert stage 0 "
+            "needs 40.00 GiB of HBM (2 of 3)") in out

@@ -100,6 +100,9 @@ def test_search_matches_the_in_process_path(baseline):
         assert sum(counts.values()) == len(slices) >= r["ilp_unique"]   # a slice shared by two cases: twice
         assert set(counts) <= {"optimal", "feasible", "fallback", "trivial"}
         assert {(s["microbatch"], s["tmp"]) for s in slices} == {(1, 1), (1, 2)}
+        assert all(1 <= len(s["layers"]) <= 2 and s["num_layers"] >= len(s["layers"]) for s in slices)
+        # the layers that share the slices are layer lookups of the row
+        assert r["ilp_unique"] <= sum(s["num_layers"] for s in slices) <= r["ilp_lookups"]
         gaps = [s["gap"] for s in slices if s["gap"] is not None]
         assert r["ilp_worst_gap"] == max(gaps) if gaps else math.isnan(r["ilp_worst_gap"])
         assert r["ilp_gap_unknown"] == sum(1 for s in slices if s["gap"] is None

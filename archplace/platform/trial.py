@@ -181,7 +181,11 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)
         plans = [plan for _, plan in preps[m]["cases"].values()]
         keys = set().union(*(plan.problems for plan in plans))
-        slices = [{**e, "microbatch": mbs, "tmp": t} for (mbs, t), (_, plan) in preps[m]["cases"].items()
+        # per slice its first and last layer and how many share it (the full list is place's), so a
+        # row stays small in sweeps of many architectures
+        slices = [{**e, "layers": e["layers"][:1] + e["layers"][1:][-1:], "num_layers": len(e["layers"]),
+                   "microbatch": mbs, "tmp": t}
+                  for (mbs, t), (_, plan) in preps[m]["cases"].items()
                   for e in slice_report(plan.keys, answer, plan.layers)]
         summ = slice_summary(slices)
         row = {**common, **placement_row(m, outs, expert), "schedule": "ilp",
