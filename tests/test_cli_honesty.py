@@ -161,10 +161,19 @@ def test_place_infeasible_says_why(capsys):
     (["--expert", "2,2"], "--expert must be p,d,t"),
     (["--expert", "64,64,1"], "--expert 64,64,1 needs 4096 accelerators, more than --accelerators 1024"),
     (["--expert", "2,4,1", "--fixed", "2,4,1"], "--fixed and --expert exclude each other"),
+    (["--expert", "paper"], "--expert paper: the paper gives no expert placement for 'bert-base'"),
 ])
 def test_place_expert_bad_input(capsys, argv, match):
     code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
     assert code == 2 and out == "" and match in err and err.count("\n") == 1
+
+
+def test_place_expert_paper_is_table_4(capsys):
+    code, out, _ = run(capsys, "place", "bert-large", "--arch", "tpuv4", "--seq", "128", "--sequential",
+                       "--expert", "paper", "--json")
+    res = json.loads(out)
+    pl = res["placement"]
+    assert code == 0 and res["strategy"] == "expert" and (pl["p"], pl["d"], pl["t"]) == (8, 128, 1)
 
 
 # ---------------------------------------------------------------------- solve-dp

@@ -125,12 +125,24 @@ def _parse_fixed(text: str | None, flag: str = "--fixed") -> tuple[int, int, int
     return tuple(int(p) for p in parts)  # type: ignore[return-value]
 
 
+def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
+    """``--expert p,d,t``, or ``--expert paper``: the Phaze paper's Table 4 strategy for the model."""
+    if text != "paper":
+        return _parse_fixed(text, "--expert")
+    from archplace.workloads.models import EXPERT_STRATEGIES
+
+    if model not in EXPERT_STRATEGIES:
+        raise ValueError(f"--expert paper: the paper gives no expert placement for {model!r}; it gives one "
+                         f"for {sorted(EXPERT_STRATEGIES)} (or pass --expert p,d,t)")
+    return EXPERT_STRATEGIES[model]
+
+
 def cmd_place(args) -> dict[str, Any]:
     # without --hbm the sizes stay ints, as before: the JSON's configs rows echo them ("hbm_gb": 32)
     req = api.PlaceRequest(args.model, args.arch, accelerators=args.accelerators,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
-                           expert=_parse_fixed(args.expert, "--expert"),
+                           expert=_parse_expert(args.expert, args.model),
                            ilp_time_limit_s=args.ilp_time_limit)
     return api.place(req).to_dict()
 
@@ -470,9 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--global-batch", type=int, default=4096)
     pl.add_argument("--fixed", metavar="P,D,T",
                     help="fixed {p,d,t}, optimised split: the DP still chooses which layers form each stage")
-    pl.add_argument("--expert", metavar="P,D,T",
-                    help="evaluate exactly the paper's expert placement {p,d,t}: an even split of the "
-                         "transformer blocks over p stages (as bench/phaze_tpuv4.py)")
+    pl.add_argument("--expert", metavar="P,D,T|paper",
+                    help="evaluate exactly the expert placement {p,d,t} (paper: the Phaze paper's Table 4 "
+                         "strategy for MODEL): an even split of the transformer blocks over p stages, as "
+                         "bench/phaze_tpuv4.py")
     pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
     pl.add_argument("--seq", type=int, default=None)
     pl.add_argument("--sequential", action="store_true",
