@@ -34,22 +34,17 @@ WORKLOADS = {
 
 
 def run(name: str, devices: int, global_batch: int, **solve_kw):
-    from archplace.algorithms.solvers.placement import expert_placement
-    from archplace.algorithms.solvers.throughput import prepare_layers, sweep
+    from archplace.algorithms.solvers.throughput import expert_sweep, prepare_layers, sweep
     from archplace.hardware.presets import TPUV4
 
     model, widths, (p, d, t), mbs = WORKLOADS[name]
     t0 = time.perf_counter()
     layers, timing, stats = prepare_layers(model, TPUV4, mbs, widths, devices, global_batch,
                                            schedules=("ilp", "sequential"), **solve_kw)
-
-    def expert(lys, setup):
-        return expert_placement(lys[t], setup, p, d)
-
     ours, _ = sweep(layers["ilp"], devices, global_batch)
     seq, _ = sweep(layers["sequential"], devices, global_batch)
-    exp, _ = sweep({m: {t: lys[t]} for m, lys in layers["ilp"].items() if t in lys}, devices,
-                   global_batch, evaluate=expert)
+    # the same call as `archplace place --expert p,d,t` (api.place)
+    exp, _ = expert_sweep(layers["ilp"], (p, d, t), devices, global_batch)
     return {"workload": name, "model": model, "expert_pdt": [p, d, t],
             "expert_throughput": exp.throughput if exp.feasible else 0.0,
             "expert_feasible": exp.feasible, "expert_reason": exp.reason,

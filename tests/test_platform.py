@@ -7,6 +7,7 @@ architecture), and the fault tests against an undisturbed run of the same search
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -88,9 +89,30 @@ def test_search_matches_the_in_process_path(baseline):
     assert (out / "report.md").exists() and "Pareto" in (out / "report.md").read_text()
     # compacted: one table, no part files or write-ahead log left
     assert not list((out / "evaluations").glob("part-*.parquet")) if (out / "evaluations").exists() else True
-    # the schedule cache on disk holds every solved slice
+    # the schedule cache on disk holds every solved slice, with its status and gap
     cached = (out / "schedule_cache.jsonl").read_text().splitlines()
     assert len(cached) - 1 == sum(r["ilp_solved"] for r in rows)
+    assert all(len(json.loads(line)) == 4 for line in cached[1:])
+    # each row: every distinct slice's solver status and gap, and the worst gap over them
+    for r in rows:
+        counts, slices = json.loads(r["ilp_status"]), json.loads(r["ilp_slices_json"])
+        assert len({s["key"] for s in slices}) == r["ilp_unique"]
+        assert sum(counts.values()) == len(slices) >= r["ilp_unique"]   # a slice shared by two cases: twice
+        assert set(counts) <= {"optimal", "feasible", "fallback", "trivial"}
+        assert {(s["microbatch"], s["tmp"]) for s in slices} == {(1, 1), (1, 2)}
+        assert all(1 <= len(s["layers"]) <= 2 and s["num_layers"] >= len(s["layers"]) for s in slices)
+        # the layers that share the slices are layer lookups of the row
+        assert r["ilp_unique"] <= sum(s["num_layers"] for s in slices) <= r["ilp_lookups"]
+        gaps = [s["gap"] for s in slices if s["gap"] is not None]
+        assert r["ilp_worst_gap"] == max(gaps) if gaps else math.isnan(r["ilp_worst_gap"])
+        assert r["ilp_gap_unknown"] == sum(1 for s in slices if s["gap"] is None
+                                           and s["status"] not in ("optimal", "trivial"))
+    per = best["per_model"]["bert-base"]
+    assert sum(per["ilp_status"].values()) > 0 and "ilp_worst_gap" in per
+    overall = res["stats"]["ilp"]
+    assert overall["status_counts"] == {k: sum(json.loads(r["ilp_status"]).get(k, 0) for r in rows)
+                                        for k in overall["status_counts"]}
+    assert overall["worst_gap"] == max(r["ilp_worst_gap"] for r in rows)
 
 
 def test_resume_reuses_the_schedule_cache(baseline, tmp_path):

@@ -284,3 +284,25 @@ def test_report_minimal_columns_and_sparse_best_json(tmp_path):
     assert "**Accelerators (K):** —" in text
     assert "(no message)" in _section(text, "## Failures")  # no error column
     _assert_png(tmp_path / "plots" / "time_breakdown.png")
+
+
+def test_pareto_plot_of_a_tiny_area_spread_is_readable(tmp_path):
+    """16 designs within 0.1 mm² at ~249 mm² (a default run's neighbourhood of TPUv4): plain tick
+    labels (no "+2.49e2" offset), distinct area ticks, and a zoomed inset that spreads the points out."""
+    from archplace.platform.report import _plot_pareto
+
+    pts = [(f"a{i}", 249.0 + i * 0.1 / 15, 1000.0 + 0.5 * i) for i in range(16)]
+    fig = _plot_pareto(tmp_path / "p.png", "t", "samples/s", pts, pts[-1], pts[3], None)
+    _assert_png(tmp_path / "p.png")
+    (ax,) = fig.axes
+    assert ax.xaxis.get_offset_text().get_text() == "" and ax.yaxis.get_offset_text().get_text() == ""
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(set(ticks)) >= 4 and all(t.startswith("249.") or t.startswith("248.") for t in ticks)
+    (ins,) = ax.child_axes
+    lo, hi = ins.get_ylim()
+    assert 990 < lo < 1000 and 1007.5 < hi < 1010   # zoomed on the throughputs, not from 0
+    assert ins.xaxis.get_offset_text().get_text() == ""
+    # a wide spread: no inset; areas over two orders of magnitude: a log-spaced area axis
+    wide = [("a", 10.0, 100.0), ("b", 100.0, 500.0), ("c", 1000.0, 900.0)]
+    fig = _plot_pareto(tmp_path / "w.png", "t", "samples/s", wide, None, None)
+    assert not fig.axes[0].child_axes and fig.axes[0].get_xscale() == "log"

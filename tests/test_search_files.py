@@ -25,12 +25,12 @@ def test_second_lock_is_refused_and_a_dead_holder_leaves_none(tmp_path):
 def test_schedule_cache_round_trip_torn_line_and_other_versions(tmp_path):
     f = ScheduleCacheFile(tmp_path / "c.jsonl")
     assert f.load() == {}
-    f.append({"a": [1.5, "OPTIMAL"], "b": [2.0, "FEASIBLE"]})
-    f.append({"c": [3.0, "OPTIMAL"]})
+    f.append({"a": [1.5, "optimal", 0.0], "b": [2.0, "feasible", 0.25]})
+    f.append({"c": [3.0, "optimal"]})   # an entry without a gap (as lines written before gaps were kept)
     with open(f.path, "a") as fh:
         fh.write('["d", 4.')   # a line cut short by a crash
-    assert ScheduleCacheFile(f.path).load() == {"a": [1.5, "OPTIMAL"], "b": [2.0, "FEASIBLE"],
-                                                "c": [3.0, "OPTIMAL"]}
+    assert ScheduleCacheFile(f.path).load() == {"a": [1.5, "optimal", 0.0], "b": [2.0, "feasible", 0.25],
+                                                "c": [3.0, "optimal", None]}
     lines = f.path.read_text().splitlines()
     assert json.loads(lines[0]) == {"versions": code_versions()}
     old = json.dumps({"versions": {**code_versions(), "ortools": "0"}})

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -109,7 +110,13 @@ class _Reference:
             return {k: r[k] for k in ("num_tc", "num_vc", "pe_x", "pe_y", "pe_vc", "glb_mb")}
 
         def placement(r):
-            return {k: _jsonable(r[k]) for k in PLACEMENT_FIELDS} | {"stages": json.loads(r["stages_json"])}
+            # the layer-ILP answer: rows without those columns (as here, and files written before them)
+            # read as no slices and an unknown gap
+            ilp = {"ilp_status": json.loads(r.get("ilp_status") or "{}"),
+                   "ilp_worst_gap": _jsonable(r.get("ilp_worst_gap", math.nan)),
+                   "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0)}
+            return ({k: _jsonable(r[k]) for k in PLACEMENT_FIELDS} | {"stages": json.loads(r["stages_json"])}
+                    | ilp)
 
         ok = {k: e for k, e in fin.items() if not e["failed"] and e["value"] > 0}
         if ok:
@@ -477,3 +484,41 @@ def test_compacted_file_reads_in_the_report(tmp_path):
 def test_store_module_does_not_import_ray():
     code = "import sys, archplace.platform.store; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ})
+
+
+def test_ilp_answer_columns_round_trip_and_old_files_load(tmp_path):
+    """The layer-ILP columns (solver statuses, worst gap) reach best.json; a compacted file written
+    before those columns existed still loads, its rows reading as no slices and an unknown gap."""
+    from archplace.platform.store import ilp_overall
+
+    new = tmp_path / "new"
+    store = ResultStore(new)
+    rows = _arch(1)
+    for r, gap in zip(rows, (0.0, 0.125)):
+        r.update(ilp_status=json.dumps({"optimal": 3, "feasible": 1 if gap else 0}), ilp_worst_gap=gap,
+                 ilp_gap_unknown=0, ilp_slices_json="[]")
+    store.add(rows, "phaze")
+    best = store.close(META)
+    again = ResultStore(new)
+    again.load()
+    for b in (best, again.best(META)):
+        assert b["per_model"]["gpt2-xl"]["ilp_status"] == {"optimal": 3, "feasible": 1}
+        assert b["per_model"]["gpt2-xl"]["ilp_worst_gap"] == 0.125
+        assert b["per_model"]["bert-large"]["ilp_worst_gap"] == 0.0
+    overall = ilp_overall(again.rows)
+    assert overall["status_counts"] == {"optimal": 6, "feasible": 1} and overall["worst_gap"] == 0.125
+    assert overall["worst_gap_at"] == {"arch_label": rows[1]["arch_label"], "model": "gpt2-xl"}
+
+    old = tmp_path / "old"
+    old.mkdir()
+    legacy = pa.schema([f for f in SCHEMA if not f.name.startswith("ilp_") or f.name in
+                        ("ilp_lookups", "ilp_unique", "ilp_solved")])
+    rows = [{**r, "order": 0} for r in _arch(2)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=legacy), old / "evaluations.parquet")
+    store = ResultStore(old)
+    store.load()
+    assert len(store) == 2
+    assert all(r["ilp_status"] == "" and math.isnan(r["ilp_worst_gap"]) for r in store.rows)
+    b = store.best(META)["per_model"]["bert-large"]
+    assert b["ilp_status"] == {} and b["ilp_worst_gap"] is None
+    assert ilp_overall(store.rows)["worst_gap"] is None

@@ -182,6 +182,8 @@ class EstimateResult(Result):
     peak_flops: float
     totals: dict[str, Any]       # sequential_single_core_s, all_cores_s, forward_s, backward_s, ...
     ops: list[dict[str, Any]]    # one per operator: name, kind, core, pass, layer, flops, latencies
+    note: str | None = None      # where the latencies come from when they are not --arch estimates
+    reason: str | None = None    # why every latency is zero (None when some is not)
 
 
 def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
@@ -197,7 +199,23 @@ def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
     acc = load_accelerator(req.arch)
     g = load_graph(req.model, req.seq, req.mbs, req.tmp)
     steps.stage("graph", ops=g.num_nodes)
-    est = estimate_graph(g, acc, backend=req.backend)
+    extra = g.extra_nodes or {}
+    note = None
+    if "acc_latency" in extra:
+        # a profiled graph (dnn-partitioning) has measured times and no shapes: the cost model would
+        # give 0 for every op, so report the measurements themselves, and say so
+        from ..simulators.estimate import OpEstimates
+
+        lat = np.asarray(extra["acc_latency"], dtype=np.float64)
+        est = OpEstimates(lat, lat, "profiled")
+        unsupported = int((~np.asarray(extra.get("supported_on_acc", np.ones(len(lat), bool)))).sum())
+        note = ("profiled latencies: each op's measured accelerator time (the file's fpgaLatency, in the "
+                "file's time unit: the *_s fields hold it unconverted), not an estimate for --arch; "
+                "--arch and --backend are not used")
+        if unsupported:
+            note += f"; {unsupported} op(s) are not supported on the accelerator"
+    else:
+        est = estimate_graph(g, acc, backend=req.backend)
     steps.stage("estimate", backend=est.backend)
     nd = g.nodes
     bwd = nd["is_backward"]
@@ -215,6 +233,12 @@ def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
         totals={"sequential_single_core_s": float(est.single_s.sum()), "all_cores_s": float(est.all_s.sum()),
                 "forward_s": float(est.single_s[~bwd].sum()), "backward_s": float(est.single_s[bwd].sum()),
                 "by_core_single_s": by_core, "flops": float(nd["flops"].sum())},
-        ops=ops)
+        ops=ops, note=note)
+    if not (est.single_s > 0).any():
+        kinds = ", ".join(f"{k} {n}" for k, n in zip(*np.unique(nd["core"], return_counts=True)))
+        res.reason = ("every op's latency is 0: " + ("the graph has no ops" if g.num_nodes == 0 else
+                      "the profiled latencies in the file are all 0" if note else
+                      f"no op has work the cost model can time (ops by core: {kinds}; flops "
+                      f"{float(nd['flops'].sum()):g})"))
     steps.done(ops=len(ops))
     return res

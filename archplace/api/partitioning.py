@@ -104,6 +104,7 @@ class PartitionResult(DetailsResult):
     chips_used: int
     chip_latency_s: list[float]
     assignment: dict[str, int]      # operator name -> chiplet
+    reason: str | None = None       # why the partition is invalid (throughput 0); None when valid
     details: dict[str, Any] = field(default_factory=dict)  # ppo: valid_samples, pretrained, mode, ...
     wall_s: float = 0.0
 
@@ -181,6 +182,16 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         improvement=tp / g_tp if g_tp > 0 else None, chips_used=int(part.max()) + 1,
         chip_latency_s=ev.latency_s[0].tolist(), assignment={n: int(c) for n, c in zip(names, part)},
         details=details, wall_s=time.perf_counter() - t0)
+    if not res.valid:
+        from ..simulators.mcm import check
+
+        why = check(problem, part)
+        res.reason = (f"the best partition found is invalid ({'; '.join(why) or 'no constraint named'}); "
+                      f"an invalid partition scores 0")
+        need, have = float(problem.weight_bytes.sum()), problem.num_chips * float(problem.sram_bytes)
+        if need > have:
+            res.reason += (f"; no partition can fit: the weights alone take {need / 2**20:.1f} MB, more than "
+                           f"{problem.num_chips} chiplets × {problem.sram_bytes / 2**20:g} MB")
     steps.done(throughput=tp, improvement=res.improvement)
     return res
 

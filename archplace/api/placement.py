@@ -40,7 +40,8 @@ class PlaceRequest(Request):
     global_batch: int = 4096
     hbm_gb: tuple[float, ...] = (32.0, 64.0, 80.0)   # HBM sizes tried
     sequential: bool = False                     # layer schedules without the ILP (Phaze's baseline)
-    fixed: tuple[int, int, int] | None = None    # evaluate one strategy (p, d, t)
+    fixed: tuple[int, int, int] | None = None    # fixed (p, d, t); the DP still chooses the stage split
+    expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
 
@@ -53,14 +54,20 @@ class PlaceRequest(Request):
                 and all(is_number(h) and h > 0 for h in self.hbm_gb)):
             raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
         check_bool("sequential", self.sequential)
-        if self.fixed is not None:
-            f = self.fixed
+        if self.fixed is not None and self.expert is not None:
+            raise InvalidRequest("{fixed} and {expert} exclude each other: give one strategy", "fixed",
+                                 "expert")
+        for name in ("fixed", "expert"):
+            f = getattr(self, name)
+            if f is None:
+                continue
             if not (isinstance(f, tuple) and len(f) == 3 and all(is_int(v) and v >= 1 for v in f)):
-                raise invalid("fixed", f"must be p,d,t with three positive integers, got {f!r}")
+                raise invalid(name, f"must be p,d,t with three positive integers, got {f!r}")
             if f[0] * f[1] * f[2] > self.accelerators:
-                raise InvalidRequest("{fixed} " + ",".join(map(str, f)) + f" needs {f[0] * f[1] * f[2]} "
+                n = f[0] * f[1] * f[2]
+                raise InvalidRequest("{" + name + "} " + ",".join(map(str, f)) + f" needs {n} "
                                      "accelerators, more than {accelerators} " + str(self.accelerators),
-                                     "fixed", "accelerators")
+                                     name, "accelerators")
         check_int("seq", self.seq, optional=True)
         check_positive_number("ilp_time_limit_s", self.ilp_time_limit_s)
 
@@ -73,12 +80,15 @@ class PlaceResult(Result):
     placement: dict[str, Any]       # feasible, time_per_batch_s, p, d, t, microbatch, recompute, hbm_gb,
     #                                 stages, and reason when infeasible
     timing_s: dict[str, float]      # graph_s, estimate_s, ilp_s, dp_s
-    ilp: dict[str, Any]             # unique_solved, cache_hits
+    ilp: dict[str, Any]             # unique_solved, cache_hits, status_counts, worst_gap, gap_unknown,
+    #                                 worst_slice, slices (per distinct layer slice: pass, layers, status,
+    #                                 gap, solver, microbatch, tmp); empty counts for sequential schedules
     configs: list[dict[str, Any]]   # the best placement per (microbatch, HBM, recomputation)
     area_mm2: float
     accelerators: int
     global_batch: int
     schedule: str                   # "ilp" or "sequential"
+    strategy: str = "dp"            # "dp" (best p, d, t), "fixed" (given p, d, t; DP split) or "expert"
 
     @property
     def feasible(self) -> bool:
@@ -95,8 +105,14 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     """Best training placement (data, pipeline, tensor parallel) of a model on ``req.accelerators``
     copies of one accelerator. Stages: ``layers`` once per (microbatch, TMP width) case (graph,
     estimates and layer schedules), ``dp``, ``done``."""
-    from ..algorithms.solvers.placement import best_placement
-    from ..algorithms.solvers.throughput import ThroughputResult, prepare_layers, sweep
+    from ..algorithms.solvers.throughput import (
+        ThroughputResult,
+        expert_sweep,
+        fixed_evaluator,
+        prepare_layers,
+        slice_summary,
+        sweep,
+    )
     from ..hardware.area import accelerator_area_mm2
     from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S as LINK_BW
     from ..workloads.models import preset
@@ -108,7 +124,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     # reach between the layer-schedule solves
     kind = "sequential" if req.sequential else "ilp"
     solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s}
-    widths = (req.fixed[2],) if req.fixed is not None else tuple(preset(req.model).tmp_widths)
+    pdt = req.fixed or req.expert
+    widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
     common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,))
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
@@ -122,15 +139,23 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
             stats[k] += v
         steps.stage("layers", microbatch=m, tmp=t, case=i, cases=len(cases))
     t0 = time.perf_counter()
-    fixed = req.fixed
-    evaluate = None if fixed is None else (lambda lys, setup: best_placement(lys, setup, fixed))
-    best, rows = sweep(layers[kind], req.accelerators, req.global_batch, req.hbm_gb, RECOMPUTE, LINK_BW,
-                       evaluate)
+    if req.expert is not None:   # the same call as bench/phaze_tpuv4.py's expert column
+        best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, req.hbm_gb,
+                                  RECOMPUTE, LINK_BW)
+    else:
+        evaluate = None if req.fixed is None else fixed_evaluator(*req.fixed)
+        best, rows = sweep(layers[kind], req.accelerators, req.global_batch, req.hbm_gb, RECOMPUTE, LINK_BW,
+                           evaluate)
+    if not cases:
+        best.reason = (f"no microbatch size in {list(MICROBATCHES)} divides global batch {req.global_batch} "
+                       f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
     timing["dp_s"] = time.perf_counter() - t0
+    stats.update(slice_summary(stats.get("slices", [])))
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
+    strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"
     res = PlaceResult(**tp.summary(), area_mm2=accelerator_area_mm2(acc), accelerators=req.accelerators,
-                      global_batch=req.global_batch, schedule=kind)
+                      global_batch=req.global_batch, schedule=kind, strategy=strategy)
     steps.done(feasible=res.feasible, throughput=res.throughput)
     return res
 
@@ -167,6 +192,7 @@ class SolveDpResult(Result):
     stats: dict[str, Any]
     reference: float | None       # the published optimum, for the known inputs
     rel_diff: float | None
+    reason: str | None = None     # why there is no max-load (None when there is one)
 
 
 def solve_dp(req: SolveDpRequest, *, progress: ProgressFn | None = None,
@@ -177,5 +203,14 @@ def solve_dp(req: SolveDpRequest, *, progress: ProgressFn | None = None,
     req.validate()
     steps = Steps("solve_dp", progress, cancel)
     res = SolveDpResult(**solve_dp_command(req.file, req.method, req.time_limit_s))
+    if res.max_load is None:
+        found = (res.stats or {}).get("reason")   # the solver's own finding, e.g. "a node fits on no device"
+        res.reason = (f"{found}; " if found else "") + {
+            "infeasible": "no split meets the constraints: every node on one of the k accelerators or the "
+                          "CPU, within maxSizePerFPGA per accelerator, colour classes together, unsupported "
+                          "nodes on the CPU, each device's nodes contiguous",
+            "unknown": f"the time limit ({req.time_limit_s:g} s) ran out before any split was found; "
+                       "raise --time-limit"}.get(res.status, f"the solver ended with status {res.status!r} "
+                                                          "and no split")
     steps.done(status=res.status, max_load=res.max_load)
     return res

@@ -81,7 +81,25 @@ def _arch_label(a: dict[str, Any]) -> str:
             f"{a['pe_vc']}}}")
 
 
+def _print_profiled(res: dict[str, Any]) -> None:
+    """A profiled graph's measured latencies, in the file's own time unit (no ms / µs labels)."""
+    t = res["totals"]
+    print(f"{res['model']}: measured latencies from the file [profiled]")
+    print(f"  note         {res['note']}")
+    print(f"  sum of ops   {t['sequential_single_core_s']:.6g} (forward {t['forward_s']:.6g}, "
+          f"backward {t['backward_s']:.6g}), in the file's unit")
+    top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
+    print(f"  {'slowest ops':58s} {'latency':>12s}")
+    for o in top:
+        print(f"  {o['name'][:58]:58s} {o['single_core_s']:12.6g}")
+
+
 def print_estimate(res: dict[str, Any]) -> None:
+    if res.get("reason"):
+        print(f"{res['model']}: all latencies are 0: {res['reason']}")
+    if res["backend"] == "profiled":
+        _print_profiled(res)
+        return
     t = res["totals"]
     a = res["arch"]
     print(f"{res['model']} on {_arch_label(a)} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
@@ -98,13 +116,25 @@ def print_estimate(res: dict[str, Any]) -> None:
               f"{o['all_cores_s'] * 1e6:10.1f}")
 
 
-def _parse_fixed(text: str | None) -> tuple[int, int, int] | None:
+def _parse_fixed(text: str | None, flag: str = "--fixed") -> tuple[int, int, int] | None:
     if text is None:
         return None
     parts = text.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-        raise ValueError(f"--fixed must be p,d,t with three positive integers, got {text!r}")
+        raise ValueError(f"{flag} must be p,d,t with three positive integers, got {text!r}")
     return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
+    """``--expert p,d,t``, or ``--expert paper``: the Phaze paper's Table 4 strategy for the model."""
+    if text != "paper":
+        return _parse_fixed(text, "--expert")
+    from archplace.workloads.models import EXPERT_STRATEGIES
+
+    if model not in EXPERT_STRATEGIES:
+        raise ValueError(f"--expert paper: the paper gives no expert placement for {model!r}; it gives one "
+                         f"for {sorted(EXPERT_STRATEGIES)} (or pass --expert p,d,t)")
+    return EXPERT_STRATEGIES[model]
 
 
 def cmd_place(args) -> dict[str, Any]:
@@ -112,17 +142,47 @@ def cmd_place(args) -> dict[str, Any]:
     req = api.PlaceRequest(args.model, args.arch, accelerators=args.accelerators,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
+                           expert=_parse_expert(args.expert, args.model),
                            ilp_time_limit_s=args.ilp_time_limit)
     return api.place(req).to_dict()
+
+
+def _gap_text(ilp: dict[str, Any]) -> str:
+    """``worst gap 3.1% (backward of layer …, microbatch 4, tmp 1)``; the unknown-gap count too."""
+    g, w = ilp.get("worst_gap"), ilp.get("worst_slice")
+    text = "worst gap unknown" if g is None else f"worst gap {g:.1%}"
+    if g and w:
+        layers = w["layers"]
+        text += (f" ({w['pass']} of {layers[0]}{f' and {len(layers) - 1} more' if len(layers) > 1 else ''}"
+                 + (f", microbatch {w['microbatch']}, tmp {w['tmp']}" if "microbatch" in w else "") + ")")
+    if ilp.get("gap_unknown"):
+        text += f"; {ilp['gap_unknown']} slice(s) without a proven bound"
+    return text
+
+
+def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
+    """One line: the layer-slice ILPs' solver statuses and the worst gap."""
+    if schedule != "ilp":
+        print("  layer ILP    not used (sequential schedules: every op intra-op parallel)")
+        return
+    counts = ilp.get("status_counts")
+    if counts is None:
+        return
+    n = sum(counts.values())
+    print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+          + f"; {_gap_text(ilp)}")
 
 
 def print_place(res: dict[str, Any]) -> None:
     pl = res["placement"]
     a = res["arch"]
+    what = {"expert": "expert placement, even block split", "fixed": "fixed p,d,t, DP stage split"}
     print(f"{res['model']} on {res['accelerators']} × {_arch_label(a)}, global batch "
-          f"{res['global_batch']} [{res['schedule']} layer schedules]")
+          f"{res['global_batch']} [{res['schedule']} layer schedules"
+          + (f"; {what[res['strategy']]}" if res.get("strategy") in what else "") + "]")
+    _print_ilp(res.get("ilp") or {}, res["schedule"])
     if not pl["feasible"]:
-        print(f"  infeasible: {pl.get('reason', '')}")
+        print(f"  infeasible: {pl.get('reason') or 'no placement fits (no reason given)'}")
         return
     print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
     print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
@@ -144,11 +204,13 @@ def print_solve_dp(res: dict[str, Any]) -> None:
     ml = res["max_load"]
     print(f"{res['file']}: max-load {ml if ml is None else format(ml, '.10g')} ({res['status']}, "
           f"method {res['method']}, {res['solve_time_s']:.2f} s)")
+    if res.get("reason"):
+        print(f"  no split     {res['reason']}")
     if res.get("reference") is not None:
         print(f"  reference optimum {res['reference']:.10g}, relative difference {res['rel_diff']:.2e}")
     if res.get("gap"):
         print(f"  lower bound {res['lower_bound']:.10g}, gap {res['gap']:.2%}")
-    for dev in res.get("devices", []):
+    for dev in res.get("devices", []) if ml is not None else []:
         name = f"{dev['kind']} {dev['index']}"
         print(f"  {name:14s} load {dev['load']:.6g}  nodes {dev['nodes']}")
 
@@ -200,9 +262,21 @@ def print_search(res: dict[str, Any]) -> None:
               f"{cache['distinct_per_arch']} distinct slices {cache['cross_trial_hits']} came from the "
               f"schedule "
               f"cache ({cache['cross_trial_hit_rate']:.0%}) and {cache['solved']} were solved")
+    ilp = st.get("ilp")
+    if ilp is not None:
+        n = sum(ilp["status_counts"].values())
+        g = ilp["worst_gap"]
+        at = ilp.get("worst_gap_at") or {}
+        print(f"  ILP answers  {n} slice solves over architectures × models: "
+              + ", ".join(f"{v} {k}" for k, v in sorted(ilp["status_counts"].items()))
+              + ("; worst gap unknown" if g is None else f"; worst gap {g:.1%}")
+              + (f" ({at['model']} on {at['arch_label']})" if g and at else "")
+              + (f"; {ilp['gap_unknown']} without a proven bound" if ilp.get("gap_unknown") else ""))
     c = res.get("common")
     if c is None:
-        print("  no architecture gave a feasible placement")
+        print("  no architecture gave a feasible placement"
+              + (f" ({res['infeasible']} infeasible, {res['failed']} failed; the reasons are in the "
+                 f"'error' column of {res['out_dir']}/evaluations.parquet)" if res.get("evaluated") else ""))
     else:
         print(f"  best common  {c['arch_label']}  area {c['area_mm2']:.2f} mm²  "
               f"average {c['throughput_avg']:,.1f} samples/s")
@@ -212,7 +286,14 @@ def print_search(res: dict[str, Any]) -> None:
         vs = res.get("speedup_vs_reference", {}).get(m)
         print(f"  {m:14s} best {b['arch_label']}: {b['throughput']:,.1f} samples/s "
               f"(p={b['p']} d={b['d']} t={b['t']}, mbs {b['microbatch']})"
-              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else ""))
+              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else "")
+              + (f"; ILP {', '.join(f'{v} {k}' for k, v in sorted(b['ilp_status'].items()))}, "
+                 + ("worst gap unknown" if b.get("ilp_worst_gap") is None else
+                    f"worst gap {b['ilp_worst_gap']:.1%}") if b.get("ilp_status") else ""))
+    for m, reasons in (st.get("no_placement") or {}).items():
+        top, n = next(iter(reasons.items()))
+        print(f"  {m:14s} no feasible placement on any architecture evaluated; most often: {top} "
+              f"({n} of {sum(reasons.values())})")
     out = res["out_dir"]
     print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")
 
@@ -251,6 +332,8 @@ def print_partition(res: dict[str, Any]) -> None:
     imp = res["improvement"]
     print(f"{res['model']} ({res['nodes']} nodes) on {res['chiplets']} chiplets [{res['algo']}, "
           f"{res['samples']} samples, {res['wall_s']:.1f} s]")
+    if not res["valid"]:
+        print(f"  INVALID      {res['reason']}")
     print(f"  throughput   {res['throughput']:.2f} /s  ({imp:.3f}× the greedy heuristic's "
           f"{res['greedy_throughput']:.2f} /s)" if imp else f"  throughput   {res['throughput']:.2f} /s")
     lat = res["chip_latency_s"][:res["chips_used"]]
@@ -397,7 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
     pl.add_argument("--accelerators", type=int, default=1024)
     pl.add_argument("--global-batch", type=int, default=4096)
-    pl.add_argument("--fixed", help="evaluate one strategy p,d,t (e.g. an expert placement)")
+    pl.add_argument("--fixed", metavar="P,D,T",
+                    help="fixed {p,d,t}, optimised split: the DP still chooses which layers form each stage")
+    pl.add_argument("--expert", metavar="P,D,T|paper",
+                    help="evaluate exactly the expert placement {p,d,t} (paper: the Phaze paper's Table 4 "
+                         "strategy for MODEL): an even split of the transformer blocks over p stages, as "
+                         "bench/phaze_tpuv4.py")
     pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
     pl.add_argument("--seq", type=int, default=None)
     pl.add_argument("--sequential", action="store_true",

@@ -44,19 +44,14 @@ def dp_for_microbatch(layers_by_t: dict[int, PlacementLayers], num_devices: int,
                       expert_pdt: tuple[int, int, int] | None) -> dict[str, Any]:
     """The placement DP for one microbatch size over HBM sizes and recomputation, and the expert
     strategy's throughput when one is given."""
-    from ..algorithms.solvers.placement import expert_placement
-    from ..algorithms.solvers.throughput import sweep
+    from ..algorithms.solvers.throughput import expert_sweep, sweep
 
     t0 = time.perf_counter()
     best, _ = sweep({mbs: layers_by_t}, num_devices, global_batch, hbm_gb, recompute, link_bw)
     expert = None
     if expert_pdt is not None and expert_pdt[2] in layers_by_t:
-        p, d, t = expert_pdt
-
-        def ev(lys, setup):
-            return expert_placement(lys[t], setup, p, d)
-
-        expert, _ = sweep({mbs: layers_by_t}, num_devices, global_batch, hbm_gb, recompute, link_bw, ev)
+        expert, _ = expert_sweep({mbs: layers_by_t}, expert_pdt, num_devices, global_batch, hbm_gb, recompute,
+                                 link_bw)
     return {"best": best, "expert": expert, "dp_s": time.perf_counter() - t0}
 
 

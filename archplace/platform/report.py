@@ -283,9 +283,37 @@ def _figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (7.0, 4.
     return fig, axes.ravel()
 
 
+def _plain_axes(ax) -> None:
+    """Tick labels as plain numbers: no offset ("+2.49e2") and no scientific notation, so that a reader
+    can read an area or a throughput off the axis."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "linear":
+            continue
+        fmt = ScalarFormatter(useOffset=False)
+        fmt.set_scientific(False)
+        axis.set_major_formatter(fmt)
+
+
+TINY_SPREAD = 0.05   # relative spread below which the throughput-vs-area plot gets a zoomed inset
+LOG_AREA_RATIO = 30.0  # areas spanning more than this factor: log-spaced area axis
+
+
+def _spread(x: np.ndarray) -> float:
+    """(max - min) / max of the finite positive values; 0 for fewer than two."""
+    x = x[np.isfinite(x)]
+    return float((x.max() - x.min()) / abs(x.max())) if x.size > 1 and x.max() != 0 else 0.0
+
+
 def _plot_pareto(path: Path, title: str, ylabel: str, points: list[tuple[str, float, float]],
                  reference: tuple[str, float, float] | None, best: tuple[str, float, float] | None,
-                 common: tuple[str, float, float] | None = None) -> None:
+                 common: tuple[str, float, float] | None = None):
+    """Throughput vs area with the Pareto front; returns the figure (saved to ``path``). Axes carry
+    plain numbers (no offset notation). When the designs' areas or throughputs lie within
+    ``TINY_SPREAD`` of each other, a zoomed inset shows them spread out (the main axes start the
+    throughput at 0, where such points would sit on top of each other); areas spanning more than
+    ``LOG_AREA_RATIO`` get a log-spaced area axis."""
     fig, (ax,) = _figure()
     if points:
         area = np.array([p[1] for p in points])
@@ -308,13 +336,46 @@ def _plot_pareto(path: Path, title: str, ylabel: str, points: list[tuple[str, fl
                        edgecolor="black", linewidth=0.5, label=f"best {best[0]}")
         ax.legend(fontsize=7, loc="best")
         ax.set_ylim(bottom=0)
+        pos = area[np.isfinite(area) & (area > 0)]
+        if pos.size > 1 and pos.max() / pos.min() > LOG_AREA_RATIO:
+            ax.set_xscale("log")
+        if len(points) > 1 and (0 < _spread(area) < TINY_SPREAD or 0 < _spread(value) < TINY_SPREAD):
+            _zoom_inset(ax, area, value, on, [reference, common, best])
     else:
         ax.text(0.5, 0.5, "no feasible architecture", ha="center", va="center", transform=ax.transAxes)
+    _plain_axes(ax)
     ax.set_xlabel("area (mm²)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110, format="png")
+    return fig
+
+
+def _zoom_inset(ax, area: np.ndarray, value: np.ndarray, on: np.ndarray,
+                marks: list[tuple[str, float, float] | None]) -> None:
+    """An inset zoomed on the evaluated designs (their own area and throughput ranges, 5 % margins)."""
+    ins = ax.inset_axes([0.5, 0.08, 0.47, 0.42])
+    ins.scatter(area[~on], value[~on], s=10, color="tab:gray", alpha=0.6)
+    ins.scatter(area[on], value[on], s=14, color="tab:blue", zorder=3)
+    styles = [("*", "tab:red", 90), ("s", "tab:purple", 40), ("D", "tab:green", 30)]
+    for m, (marker, color, size) in zip(marks, styles):
+        if m is not None:
+            ins.scatter([m[1]], [m[2]], marker=marker, s=size, color=color, zorder=4)
+
+    def lim(x: np.ndarray) -> tuple[float, float]:
+        lo, hi = float(np.nanmin(x)), float(np.nanmax(x))
+        pad = (hi - lo) * 0.05 or abs(hi) * 1e-3 or 1.0
+        return lo - pad, hi + pad
+
+    ins.set_xlim(*lim(area))
+    ins.set_ylim(*lim(value))
+    _plain_axes(ins)
+    ins.tick_params(labelsize=6)
+    for lab in ins.get_xticklabels():
+        lab.set_rotation(30)
+    ins.set_title("zoom on the evaluated designs", fontsize=7)
+    ins.grid(alpha=0.3)
 
 
 def _plot_times(path: Path, models: list[str], parts: dict[str, list[float]], solved: list[int],

@@ -34,7 +34,9 @@ class ScheduleCacheFile:
         self.note = ""
 
     def load(self) -> dict[str, list]:
-        """key -> [makespan_s, status] from the file (empty when missing or from other versions)."""
+        """key -> [makespan_s, status, gap] from the file (empty when missing or from other versions);
+        gap is None where the line has none (lines written before gaps were kept) or no bound was
+        proven."""
         if not self.path.exists():
             return {}
         out: dict[str, list] = {}
@@ -52,10 +54,10 @@ class ScheduleCacheFile:
                 return {}
             for line in fh:
                 try:
-                    k, makespan, status = json.loads(line)
+                    k, makespan, status, *rest = json.loads(line)
                 except ValueError:
                     continue   # a line cut short by a crash
-                out[k] = [float(makespan), status]
+                out[k] = [float(makespan), status, rest[0] if rest else None]
         return out
 
     def append(self, entries: dict[str, list]) -> None:
@@ -66,4 +68,4 @@ class ScheduleCacheFile:
         with open(self.path, "a") as fh:
             if new:
                 fh.write(json.dumps({"versions": code_versions()}) + "\n")
-            fh.write("".join(json.dumps([k, v[0], v[1]]) + "\n" for k, v in entries.items()))
+            fh.write("".join(json.dumps([k, *v[:3]]) + "\n" for k, v in entries.items()))

@@ -433,6 +433,18 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
     else:
         best = store.close(meta)
     stats["wall_s"] = time.perf_counter() - t0
+    if settings.schedule == "ilp":
+        from .store import ilp_overall
+
+        stats["ilp"] = ilp_overall(store.rows)
+    # a model with no feasible placement anywhere: why, from the rows' errors (most frequent first)
+    why: dict[str, dict[str, int]] = {}
+    for r in store.rows:
+        if r["model"] not in best["per_model"] and r["status"] in ("infeasible", "failed"):
+            reasons = why.setdefault(r["model"], {})
+            text = r["error"] or r["status"]
+            reasons[text] = reasons.get(text, 0) + 1
+    stats["no_placement"] = {m: dict(sorted(c.items(), key=lambda kv: -kv[1])) for m, c in why.items()}
     if report and len(store):
         from .report import write_report
 

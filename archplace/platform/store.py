@@ -81,6 +81,12 @@ SCHEMA = pa.schema([
     # where the evaluation's work ran (its DP or sequential tasks; comma-separated Ray node ids): the
     # trial itself only coordinates, reserves no CPU and may sit on any node, often the head
     ("task_nodes", pa.string()),
+    # the layer-slice ILPs' answers (ILP schedule only; empty / NaN for sequential rows and for files
+    # written before these columns, which load with these defaults): distinct slices per solver status
+    # (JSON object), the worst proven relative gap (NaN: none known), slices not proven optimal that have
+    # no bound, and per slice its pass, layers, status, gap, solver, microbatch and TMP width (JSON list)
+    ("ilp_status", pa.string()), ("ilp_worst_gap", pa.float64()), ("ilp_gap_unknown", pa.int64()),
+    ("ilp_slices_json", pa.string()),
 ])
 _DEFAULTS = {pa.int64(): 0, pa.float64(): math.nan, pa.string(): "", pa.bool_(): False}
 FINISHED = ("ok", "infeasible", "failed")
@@ -117,6 +123,31 @@ def _wal_default(v: Any) -> Any:
     if isinstance(v, np.bool_):
         return bool(v)
     raise TypeError(f"{type(v).__name__} is not JSON serialisable")
+
+
+def ilp_answer(r: dict[str, Any]) -> dict[str, Any]:
+    """A row's layer-ILP answer for best.json: ``ilp_status`` (distinct slices per solver status; {} for
+    sequential rows and old files) and ``ilp_worst_gap`` (None: unknown)."""
+    text = r.get("ilp_status") or ""
+    return {"ilp_status": json.loads(text) if text else {},
+            "ilp_worst_gap": _jsonable(r.get("ilp_worst_gap", math.nan)),
+            "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0)}
+
+
+def ilp_overall(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the rows of a search: distinct slices per solver status (summed over architecture × model),
+    the worst proven gap and where it is, and how many slices have no bound. O(rows): call it once."""
+    counts: dict[str, int] = {}
+    worst, where, unknown = None, None, 0
+    for r in rows:
+        a = ilp_answer(r)
+        for k, v in a["ilp_status"].items():
+            counts[k] = counts.get(k, 0) + int(v)
+        unknown += a["ilp_gap_unknown"]
+        g = a["ilp_worst_gap"]
+        if g is not None and (worst is None or g > worst):
+            worst, where = g, {"arch_label": r["arch_label"], "model": r["model"]}
+    return {"status_counts": counts, "worst_gap": worst, "worst_gap_at": where, "gap_unknown": unknown}
 
 
 def _identity(r: dict[str, Any]) -> tuple:
@@ -564,7 +595,8 @@ class ResultStore:
             return {k: r[k] for k in ("num_tc", "num_vc", "pe_x", "pe_y", "pe_vc", "glb_mb")}
 
         def placement(r):
-            return {k: _jsonable(r[k]) for k in PLACEMENT_FIELDS} | {"stages": json.loads(r["stages_json"])}
+            return ({k: _jsonable(r[k]) for k in PLACEMENT_FIELDS} | {"stages": json.loads(r["stages_json"])}
+                    | ilp_answer(r))
 
         if self._best_arch is not None:
             e = self._fin[self._best_arch]

@@ -71,7 +71,8 @@ def solve_task(items: list[tuple[str, Any]], settings: dict[str, Any]) -> list[d
     out = []
     for key, problem in items:
         s = solve_layer(problem, num_workers=1, **settings)
-        out.append({"key": key, "makespan_s": float(s.makespan_s), "status": s.status,
+        gap = None if s.gap != s.gap else float(s.gap)   # NaN: no bound proven
+        out.append({"key": key, "makespan_s": float(s.makespan_s), "status": s.status, "gap": gap,
                     "solved": not s.from_cache, "solve_time_s": float(s.solve_time_s)})
     return out
 

@@ -13,6 +13,7 @@ stream into the store and the searcher sees each value as soon as it exists.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ import numpy as np
 import ray
 
 from ..algorithms.solvers.placement import PlacementLayers
+from ..algorithms.solvers.throughput import slice_report, slice_summary
 from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 from .evaluate import arch_columns, arch_key, expert_for, placement_row
 from .tasks import dp_task, get, prepare_task, sequential_task, solve_task
@@ -115,13 +117,16 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
                           cache: dict[str, list], timeout_s: float = 1800.0
                           ) -> tuple[float, list[dict[str, Any]], dict[str, list]]:
     """(across-model average throughput, one row per model, newly solved slices {key: [makespan,
-    status]}) for one architecture under the ILP schedule, through Ray tasks.
+    status, gap]}) for one architecture under the ILP schedule, through Ray tasks.
 
     Counts in each row: ``ilp_lookups`` layer slices looked up; ``ilp_unique`` distinct slices of
     this architecture and model (lookups - unique is the de-duplication of repeated layers inside
     the architecture); ``cache_hits`` distinct slices answered without solving them in this trial
     (the search's schedule cache: earlier trials, resumed runs, or the worker's own memory);
-    ``ilp_solved`` slices solved now.
+    ``ilp_solved`` slices solved now; ``ilp_status`` (JSON: distinct slices per solver status),
+    ``ilp_worst_gap`` (the largest proven relative gap; NaN when none is known), ``ilp_gap_unknown``
+    (slices not proven optimal without a bound) and ``ilp_slices_json`` (per slice: pass, layers, status,
+    gap, solver, microbatch, tmp).
     """
     common = arch_columns(acc)
     arch = acc.to_dict()
@@ -139,6 +144,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         for _, plan in p["cases"].values():
             problems.update(plan.problems)
     makespan = {k: float(cache[k][0]) for k in problems if k in cache}
+    # each slice's solver status and gap (cache entries of old files have no gap: None, unknown)
+    answer = {k: {"status": cache[k][1], "gap": cache[k][2] if len(cache[k]) > 2 else None}
+              for k in makespan}
     hits = set(makespan)
     todo = [(k, problems[k]) for k in problems if k not in makespan]
     solved: dict[str, list] = {}
@@ -148,8 +156,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         for res in get(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
             for r in res:
                 makespan[r["key"]] = r["makespan_s"]
+                answer[r["key"]] = {"status": r["status"], "gap": r.get("gap")}
                 if r["solved"]:
-                    solved[r["key"]] = [r["makespan_s"], r["status"]]
+                    solved[r["key"]] = [r["makespan_s"], r["status"], r.get("gap")]
                     solve_s += r["solve_time_s"]
                 else:
                     hits.add(r["key"])
@@ -172,7 +181,17 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)
         plans = [plan for _, plan in preps[m]["cases"].values()]
         keys = set().union(*(plan.problems for plan in plans))
+        # per slice its first and last layer and how many share it (the full list is place's), so a
+        # row stays small in sweeps of many architectures
+        slices = [{**e, "layers": e["layers"][:1] + e["layers"][1:][-1:], "num_layers": len(e["layers"]),
+                   "microbatch": mbs, "tmp": t}
+                  for (mbs, t), (_, plan) in preps[m]["cases"].items()
+                  for e in slice_report(plan.keys, answer, plan.layers)]
+        summ = slice_summary(slices)
         row = {**common, **placement_row(m, outs, expert), "schedule": "ilp",
+               "ilp_status": json.dumps(summ["status_counts"], sort_keys=True),
+               "ilp_worst_gap": math.nan if summ["worst_gap"] is None else float(summ["worst_gap"]),
+               "ilp_gap_unknown": int(summ["gap_unknown"]), "ilp_slices_json": json.dumps(slices),
                "estimate_s": float(preps[m]["estimate_s"]), "ilp_s": float(t_ilp - t_est),
                "ilp_lookups": int(sum(plan.lookups for plan in plans)), "ilp_unique": len(keys),
                "ilp_solved": len(keys & set(solved)), "cache_hits": len(keys & hits),

@@ -99,10 +99,11 @@ def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
     if kind == "evaluate":
         req = dict(request)
         arch = req.pop("arch")
-        fixed = req.pop("fixed")
+        fixed, expert = req.pop("fixed"), req.pop("expert", None)
         return api.place(
             api.PlaceRequest(
-                arch=arch, fixed=tuple(fixed) if fixed else None, hbm_gb=tuple(req.pop("hbm_gb")), **req
+                arch=arch, fixed=tuple(fixed) if fixed else None, expert=tuple(expert) if expert else None,
+                hbm_gb=tuple(req.pop("hbm_gb")), **req
             )
         ).to_dict()
     if kind == "partition":

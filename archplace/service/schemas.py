@@ -278,7 +278,10 @@ class EvaluateRequest(Strict):
     sequential: bool = False
     fixed: list[Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
         default=None, min_length=3, max_length=3
-    )
+    )  # fixed [p, d, t]; the DP chooses the stage split
+    expert: list[Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
+        default=None, min_length=3, max_length=3
+    )  # the expert placement [p, d, t] exactly: an even block split (archplace place --expert)
     seq: int | None = Field(default=None, ge=1, le=32_768)
     ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
 

@@ -17,7 +17,7 @@ from ...hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 from ...simulators.estimate import estimate_graph
 from ...workloads.graph import OpGraph
 from ...workloads.layers import layer_graph
-from .placement import Placement, PlacementLayers, TrainingSetup, best_placement
+from .placement import Placement, PlacementLayers, TrainingSetup, best_placement, expert_placement
 
 
 def layer_times_sequential(g: OpGraph, all_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -37,8 +37,53 @@ def layer_times_ilp(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Ac
 
     res = schedule_layers(g, single_s, all_s, acc.num_tc, acc.num_vc, **solve_kw)
     info = {"unique_solved": int(res.get("solved", 0)), "cache_hits": int(res.get("cache_hits", 0)),
-            "solve_time_s": float(res.get("solve_time_s", 0.0))}
+            "solve_time_s": float(res.get("solve_time_s", 0.0)),
+            "slices": slice_report(res["keys"], res["schedules"], res["layers"])}
     return np.asarray(res["forward_s"]), np.asarray(res["backward_s"]), info
+
+
+def _gap(x: Any) -> float | None:
+    """A solver gap as JSON: None where it is unknown (NaN: no bound was proven)."""
+    return None if x is None or x != x else float(x)
+
+
+def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()) -> list[dict[str, Any]]:
+    """One entry per distinct layer slice (key) that the ILP answered: the pass, the layers that
+    share it, the solver's status (optimal, feasible, fallback, trivial), its proven relative gap
+    (None when no bound is known) and its solver. ``schedules`` maps key to a ``LayerSchedule`` or
+    to a dict with ``status`` and ``gap``."""
+    out: dict[str, dict[str, Any]] = {}
+    for pas in ("forward", "backward"):
+        for li, key in enumerate(keys[pas]):
+            s = schedules.get(key)
+            if s is None:
+                continue
+            get = s.get if isinstance(s, dict) else (lambda k, _s=s: getattr(_s, k, None))
+            e = out.setdefault(key, {"key": key[:16], "pass": pas, "layers": [], "status": get("status"),
+                                     "gap": _gap(get("gap")), "solver": get("solver")})
+            e["layers"].append(names[li] if li < len(names) else str(li))
+    return list(out.values())
+
+
+def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """``status_counts`` (slices per solver status), ``worst_gap`` (the largest proven relative gap,
+    0.0 when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not
+    proven optimal whose gap is unknown) and ``worst_slice`` (the entry with the worst gap)."""
+    counts: dict[str, int] = {}
+    worst, worst_slice, unknown = None, None, 0
+    for e in slices:
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+        g = e["gap"]
+        if g is None:
+            if e["status"] not in ("optimal", "trivial"):
+                unknown += 1
+            continue
+        if worst is None or g > worst:
+            worst, worst_slice = g, e
+    if worst is None and slices and not unknown:
+        worst = 0.0
+    return {"status_counts": counts, "worst_gap": worst, "gap_unknown": unknown,
+            "worst_slice": worst_slice}
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
@@ -89,7 +134,7 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
 
     widths = tuple(tmp_widths or preset(model).tmp_widths)
     timing = {"graph_s": 0.0, "estimate_s": 0.0, "ilp_s": 0.0}
-    stats: dict[str, Any] = {"unique_solved": 0, "cache_hits": 0}
+    stats: dict[str, Any] = {"unique_solved": 0, "cache_hits": 0, "slices": []}
     out: dict[str, dict[int, dict[int, PlacementLayers]]] = {k: {} for k in schedules}
     for mbs in microbatches:
         if global_batch % mbs:
@@ -113,6 +158,7 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
                     timing["ilp_s"] += time.perf_counter() - t2
                     for k in ("unique_solved", "cache_hits"):
                         stats[k] += int(info.get(k, 0))
+                    stats["slices"] += [{**e, "microbatch": mbs, "tmp": t} for e in info["slices"]]
                     ly = PlacementLayers(base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes,
                                          base.activation_bytes, base.tensor_parallel, base.edge_src,
                                          base.edge_dst, base.edge_bytes, base.names)
@@ -143,6 +189,38 @@ def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int
     return best, rows
 
 
+def expert_evaluator(p: int, d: int, t: int):
+    """``evaluate(layers_by_t, setup)`` for ``sweep``: the expert strategy {p, d, t} exactly as the
+    Phaze code evaluates it (``expert_placement``: an even split of the transformer blocks over p
+    stages, no DP over the split); infeasible when no layer graph of TMP width t is given."""
+    def evaluate(layers_by_t: dict[int, PlacementLayers], setup: TrainingSetup) -> Placement:
+        if t not in layers_by_t:
+            return Placement(False, t=t, reason=f"no layer graph for tmp width {t}")
+        return expert_placement(layers_by_t[t], setup, p, d)
+
+    return evaluate
+
+
+def fixed_evaluator(p: int, d: int, t: int):
+    """``evaluate`` for ``sweep``: fixed {p, d, t} with the stage split chosen by the DP."""
+    def evaluate(layers_by_t: dict[int, PlacementLayers], setup: TrainingSetup) -> Placement:
+        return best_placement(layers_by_t, setup, (p, d, t))
+
+    return evaluate
+
+
+def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tuple[int, int, int],
+                 num_devices: int, global_batch: int, hbm_gb=(32, 64, 80), recompute=(False, True),
+                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S) -> tuple[Placement, list[dict[str, Any]]]:
+    """The best expert placement {p, d, t} over microbatch, HBM and recomputation: what
+    ``archplace place --expert``, the search's expert column and bench/phaze_tpuv4.py report."""
+    p, d, t = pdt
+    only_t = {m: {t: lys[t]} for m, lys in layers_by_mbs.items() if t in lys}
+    if not only_t:
+        return Placement(False, t=t, reason=f"no layer graph for tmp width {t}"), []
+    return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t))
+
+
 def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
                      microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
                      tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
@@ -159,7 +237,7 @@ def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, glob
     layers, timing, stats = prepare_layers(model, acc, microbatches, widths, num_devices, global_batch,
                                            optimizer, link_bw, seq, (kind,), **solve_kw)
     t0 = time.perf_counter()
-    evaluate = None if fixed is None else (lambda lys, setup: best_placement(lys, setup, fixed))
+    evaluate = None if fixed is None else fixed_evaluator(*fixed)
     best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate)
     timing["dp_s"] = time.perf_counter() - t0
     return ThroughputResult(model, acc, best, rows, timing, stats)
