@@ -333,3 +333,17 @@ def test_allow_unmapped_ops_travels_in_the_reference(config_files):
     ref = hf_ref(config_files["qwen2"], allow_unmapped_ops=True)
     assert ref.endswith("?allow-unmapped-ops")
     assert hf_model(ref).allow_unmapped_ops and not hf_model(hf_ref(config_files["qwen2"])).allow_unmapped_ops
+
+
+def test_place_and_search_take_hf_configs(config_files, capsys):
+    """``place`` runs the layer schedules and the DP on a config's graphs (its TMP widths 1 and 2);
+    ``search`` checks a config before Ray starts, as it checks presets."""
+    assert main(["place", "--hf-config", str(config_files["mistral"]), "--arch", "tpuv4", "--accelerators",
+                 "2", "--global-batch", "2", "--seq", str(SEQ), "--sequential", "--hbm", "80", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["model"] == hf_ref(config_files["mistral"]) and res["placement"]["feasible"]
+    assert {c["t"] for c in res["configs"]} <= {1, 2} and res["throughput"] > 0
+    ref = hf_ref(config_files["gpt_neox"])
+    api.SearchRequest(models=("bert-base", ref), accelerators=8, global_batch=8, budget=1).validate()
+    with pytest.raises(ValueError, match="model 'nope' unknown; allowed: .*or a transformers config"):
+        api.SearchRequest(models=("nope",), budget=1).validate()

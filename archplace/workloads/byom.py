@@ -131,10 +131,18 @@ def make_config(d: Mapping[str, Any], cls: type, **overrides: Any):
 def build_meta_model(cls: type, config):
     import torch
 
-    with torch.device("meta"):
-        model = cls(config)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception as e:  # noqa: BLE001 - any failure of a user's config is one line, not a traceback
+        raise ValueError(f"hf-config: building {cls.__name__} on the meta device failed: "
+                         f"{type(e).__name__}: {_first_line(e)}") from e
     model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
     return model
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
 
 
 def find_layer_stacks(module) -> list[tuple[str, int]]:
@@ -151,14 +159,6 @@ def find_layer_stacks(module) -> list[tuple[str, int]]:
         if len({type(c) for c in mod}) == 1 and next(mod.parameters(), None) is not None:
             found.append((name, len(mod)))
     return found
-
-
-def _forward_accepts(model, arg: str) -> bool:
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    return arg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 # ---------------------------------------------------------------------- the model behind hf:PATH
@@ -218,10 +218,9 @@ class HfModel:
             return (torch.zeros((mbs, int(cfg.num_channels), size, size), device="meta"),), {}
         ids = torch.zeros((mbs, seq), dtype=torch.long, device="meta")
         kwargs: dict[str, Any] = {}
-        model_fwd = self._cls()
         if getattr(cfg, "is_encoder_decoder", False):
             kwargs["decoder_input_ids"] = ids
-        if "use_cache" in inspect.signature(model_fwd.forward).parameters:
+        if "use_cache" in inspect.signature(self._cls().forward).parameters:
             kwargs["use_cache"] = False
         return (ids,), kwargs
 

@@ -196,8 +196,15 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
             raise ValueError(f"model {name!r}: stack {st!r} has {captured[st]} blocks after reducing the "
                              f"depth fields to {capture_blocks}, expected {min(total, capture_blocks)}")
     args, kwargs = p.example_inputs(seq, mbs)
-    ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),
-                                   allow_unmapped_ops=p.allow_unmapped_ops)
+    try:
+        ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),
+                                       allow_unmapped_ops=p.allow_unmapped_ops)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.export of a user's config: one line, not a traceback
+        msg = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"model {name!r}: torch.export of {p.model_class} failed: "
+                         f"{type(e).__name__}: {msg}") from e
     meta = {"model": name, "source": f"transformers {transformers.__version__} "
             f"{p.model_class}", "family": p.family, "seq": seq, "mbs": mbs, "tmp": 1,
             "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
