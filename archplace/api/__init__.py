@@ -30,6 +30,8 @@ from .graphs import (
     GraphRequest,
     GraphResult,
     estimate,
+    from_hf_config,
+    from_module,
     graph,
     graph_summary,
     load_accelerator,
@@ -46,6 +48,7 @@ __all__ = [
     "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult",
     "GraphRequest", "GraphResult", "InvalidRequest", "PartitionRequest", "PartitionResult",
     "PipelineRequest", "PipelineResult", "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
-    "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "graph", "graph_summary",
+    "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "from_hf_config", "from_module", "graph",
+    "graph_summary",
     "load_accelerator", "load_graph", "partition", "pipeline", "place", "search", "solve_dp",
 ]

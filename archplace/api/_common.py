@@ -80,17 +80,18 @@ def check_optional_str(field: str, v: Any) -> None:
 
 
 def check_model(model: Any, files: bool) -> None:
-    """A preset name; with ``files`` also an existing dnn-partitioning ``.json`` or graph ``.parquet``."""
+    """A preset name or a transformers config's ``hf:PATH`` reference (``--hf-config``); with ``files``
+    also an existing dnn-partitioning ``.json`` or graph ``.parquet``."""
     if not (isinstance(model, str) and model):
         raise invalid("model", f"must be a model preset name{' or a graph file path' if files else ''}, "
                                f"got {model!r}")
-    if files and model.endswith((".json", ".parquet")):
+    if files and model.endswith((".json", ".parquet")) and not model.startswith("hf:"):
         if not Path(model).exists():
             raise ValueError(f"graph file {model!r} does not exist")
         return
     from ..workloads.models import preset
 
-    preset(model)  # "unknown model 'x'; known models: [...]"
+    preset(model)  # "unknown model 'x'; known models: [...]"; an hf: config is read and checked
 
 
 # ---------------------------------------------------------------------- requests and results

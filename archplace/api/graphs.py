@@ -28,6 +28,10 @@ def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool =
     from ..workloads import OpGraph
 
     path = Path(model)
+    if model.startswith("hf:"):  # a transformers config (--hf-config): captured like a preset
+        from ..workloads.models import build_graph
+
+        return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
     if model.endswith(".parquet"):
         if not path.exists():
             raise ValueError(f"graph file {model!r} does not exist")
@@ -86,13 +90,43 @@ def graph_summary(g) -> dict[str, Any]:
         out["unique_layers"] = len(out["repeated_layer_groups"])
     else:
         out["repeated_layer_groups"] = []
+    if g.meta.get("unmapped_ops"):  # allowed with allow_unmapped_ops: counted as element-wise ops
+        out["unmapped_ops"] = list(g.meta["unmapped_ops"])
     return out
+
+
+# ---------------------------------------------------------------------- bring your own model
+def from_hf_config(config, *, seq: int | None = None, mbs: int = 1, tmp: int = 1, training: bool = True,
+                   bytes_per_element: int = 2, capture_blocks: int = 3, fuse: bool = True,
+                   allow_unmapped_ops: bool = False):
+    """The ``OpGraph`` of any ``transformers`` config: a ``config.json`` path (or its directory) or
+    the config as a dict. The model class comes from ``architectures`` (else ``model_type``); see
+    ``archplace.workloads.byom.from_hf_config``. ``archplace graph --hf-config`` prints its summary."""
+    from ..workloads.byom import from_hf_config as _from_hf_config
+
+    return _from_hf_config(config, seq=seq, mbs=mbs, tmp=tmp, training=training,
+                           bytes_per_element=bytes_per_element, capture_blocks=capture_blocks, fuse=fuse,
+                           allow_unmapped_ops=allow_unmapped_ops)
+
+
+def from_module(module, example_inputs, *, example_kwargs=None, layer_stack=None, tp_roles=None,
+                name: str | None = None, tmp: int = 1, training: bool = True, loss: bool | None = None,
+                bytes_per_element: int = 2, fuse: bool = True, allow_unmapped_ops: bool = False):
+    """The ``OpGraph`` of your own ``torch.nn.Module`` called on ``example_inputs``; the block stack
+    is found in the module tree where it is unambiguous (else name it: ``layer_stack="model.layers"``).
+    See ``archplace.workloads.byom.from_module``; ``graph_summary(g)`` gives ``GraphResult``'s fields."""
+    from ..workloads.byom import from_module as _from_module
+
+    return _from_module(module, example_inputs, example_kwargs=example_kwargs, layer_stack=layer_stack,
+                        tp_roles=tp_roles, name=name, tmp=tmp, training=training, loss=loss,
+                        bytes_per_element=bytes_per_element, fuse=fuse,
+                        allow_unmapped_ops=allow_unmapped_ops)
 
 
 # ---------------------------------------------------------------------- graph
 @dataclass(frozen=True)
 class GraphRequest(Request):
-    model: str                 # preset name, dnn-partitioning .json or archplace .parquet
+    model: str                 # preset, hf:CONFIG.json, dnn-partitioning .json or archplace .parquet
     seq: int | None = None     # sequence length (None: the preset's)
     mbs: int = 1               # microbatch size
     tmp: int = 1               # tensor-model-parallel width (one slice)
@@ -127,10 +161,11 @@ class GraphResult(Result):
     repeated_layer_groups: list[dict[str, Any]]
     unique_layers: int | None = None   # None (left out of to_dict) when ops lack layer ids
     out: str | None = None             # the Parquet file written, if any
+    unmapped_ops: list[str] | None = None  # aten ops counted as element-wise (allow_unmapped_ops)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        for k in ("unique_layers", "out"):
+        for k in ("unique_layers", "out", "unmapped_ops"):
             if d[k] is None:
                 del d[k]
         return d
@@ -154,7 +189,7 @@ def graph(req: GraphRequest, *, progress: ProgressFn | None = None,
 # ---------------------------------------------------------------------- estimate
 @dataclass(frozen=True)
 class EstimateRequest(Request):
-    model: str                 # preset name, dnn-partitioning .json or archplace .parquet
+    model: str                 # preset, hf:CONFIG.json, dnn-partitioning .json or archplace .parquet
     arch: str | dict           # accelerator preset, .json file, or a dict of Accelerator fields
     mbs: int = 1
     tmp: int = 1

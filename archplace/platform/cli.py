@@ -29,13 +29,36 @@ def _fmt_flops(f: float) -> str:
     return f"{f:.0f} FLOP"
 
 
+def _model(args) -> str:
+    """MODEL, or the reference of ``--hf-config`` (a transformers config.json: ``hf:/abs/path``)."""
+    from archplace.workloads.byom import hf_ref
+
+    if args.hf_config and args.model:
+        raise ValueError(f"give MODEL or --hf-config, not both (got {args.model!r} and {args.hf_config!r})")
+    if args.hf_config:
+        return hf_ref(args.hf_config, allow_unmapped_ops=args.allow_unmapped_ops)
+    if not args.model:
+        raise ValueError("MODEL or --hf-config CONFIG.json is required")
+    return args.model
+
+
+def _add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    p.add_argument("--hf-config", metavar="CONFIG.json", action="append" if many else "store",
+                   help="any transformers config (the model class from its architectures or model_type), "
+                        "instead of a preset" + ("; repeat for several" if many else ""))
+    p.add_argument("--allow-unmapped-ops", action="store_true",
+                   help="--hf-config: count aten ops archplace has no cost model for as element-wise ops, "
+                        "with a warning listing them (default: an error naming them)")
+
+
 def cmd_models(args) -> dict[str, Any]:
     from archplace.workloads.models import PRESETS
 
     return {"models": [{"name": p.name, "class": p.model_class, "seq": p.seq_len,
                         "tmp_widths": list(p.tmp_widths), "source": p.source,
                         "blocks": sum(p.depths.values())} for p in PRESETS.values()],
-            "other_sources": ["dnn-partitioning JSON file (path ending in .json)",
+            "other_sources": ["any transformers config: --hf-config config.json",
+                              "dnn-partitioning JSON file (path ending in .json)",
                               "archplace graph Parquet file (path ending in .parquet)"]}
 
 
@@ -48,7 +71,7 @@ def print_models(res: dict[str, Any]) -> None:
 
 
 def cmd_graph(args) -> dict[str, Any]:
-    req = api.GraphRequest(args.model, seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out)
+    req = api.GraphRequest(_model(args), seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out)
     return api.graph(req).to_dict()
 
 
@@ -67,10 +90,12 @@ def print_graph(res: dict[str, Any]) -> None:
             print(f"  repeated     {grp['count']} × {grp['layers'][0]} … {grp['layers'][-1]}")
     if "out" in res:
         print(f"  written      {res['out']}")
+    if res.get("unmapped_ops"):
+        print(f"  WARNING      unmapped ops counted as element-wise: {', '.join(res['unmapped_ops'])}")
 
 
 def cmd_estimate(args) -> dict[str, Any]:
-    req = api.EstimateRequest(args.model, args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
+    req = api.EstimateRequest(_model(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
                               backend=args.backend)
     return api.estimate(req).to_dict()
 
@@ -139,7 +164,7 @@ def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
 
 def cmd_place(args) -> dict[str, Any]:
     # without --hbm the sizes stay ints, as before: the JSON's configs rows echo them ("hbm_gb": 32)
-    req = api.PlaceRequest(args.model, args.arch, accelerators=args.accelerators,
+    req = api.PlaceRequest(_model(args), args.arch, accelerators=args.accelerators,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
@@ -236,8 +261,14 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 
 def cmd_search(args) -> dict[str, Any]:
+    from archplace.workloads.byom import hf_ref
+
+    models = tuple(args.models) + tuple(hf_ref(c, allow_unmapped_ops=args.allow_unmapped_ops)
+                                        for c in args.hf_config or ())
+    if not models:
+        raise ValueError("give one or more MODELs or --hf-config CONFIG.json")
     req = api.SearchRequest(
-        models=tuple(args.models), out_dir=args.out, accelerators=args.accelerators,
+        models=models, out_dir=args.out, accelerators=args.accelerators,
         global_batch=args.global_batch, searcher=args.searcher, budget=args.budget, address=args.address,
         resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
         archs_per_trial=args.archs_per_trial, schedule=args.schedule, schedule_cache=args.schedule_cache,
@@ -461,14 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="known model names and their sources")
     m.add_argument("--json", action="store_true")
     g = sub.add_parser("graph", help="extract a model's training operator graph")
-    g.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
+    g.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
+    _add_model_args(g)
     g.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
     g.add_argument("--mbs", type=int, default=1, help="microbatch size")
     g.add_argument("--tmp", type=int, default=1, help="tensor-model-parallel width (one slice)")
     g.add_argument("--out", help="write the graph to this Parquet file")
     g.add_argument("--json", action="store_true")
     e = sub.add_parser("estimate", help="per-op latency of a model on an accelerator")
-    e.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
+    e.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
+    _add_model_args(e)
     e.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
     e.add_argument("--backend", choices=["analytical", "zigzag"], default="analytical")
     e.add_argument("--seq", type=int, default=None)
@@ -476,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tmp", type=int, default=1)
     e.add_argument("--json", action="store_true")
     pl = sub.add_parser("place", help="best placement of a model on K copies of an accelerator")
-    pl.add_argument("model")
+    pl.add_argument("model", nargs="?", help="preset name")
+    _add_model_args(pl)
     pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
     pl.add_argument("--accelerators", type=int, default=1024)
     pl.add_argument("--global-batch", type=int, default=4096)
@@ -498,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--time-limit", type=float, default=600.0)
     sd.add_argument("--json", action="store_true")
     se = sub.add_parser("search", help="architecture × placement co-search on Ray Tune")
-    se.add_argument("models", nargs="+", help="model presets; one trial evaluates all of them")
+    se.add_argument("models", nargs="*", help="model presets; one trial evaluates all of them")
+    _add_model_args(se, many=True)
     se.add_argument("--accelerators", type=int, default=1024)
     se.add_argument("--global-batch", type=int, default=4096)
     se.add_argument("--searcher", default="phaze",

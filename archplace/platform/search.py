@@ -42,13 +42,16 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
              archs_per_trial: int = 1) -> None:
     """Every input check that needs no Ray, with one-line errors naming the field."""
     from ..hardware.space import enumerate_space
-    from ..workloads.models import PRESETS
+    from ..workloads.byom import is_hf_ref
+    from ..workloads.models import PRESETS, preset
 
     if not settings.models:
         raise ValueError("models: give at least one model")
     for m in settings.models:
-        if m not in PRESETS:
-            raise ValueError(f"model {m!r} unknown; allowed: {sorted(PRESETS)}")
+        if not is_hf_ref(m) and m not in PRESETS:
+            raise ValueError(f"model {m!r} unknown; allowed: {sorted(PRESETS)}, or a transformers config "
+                             "(--hf-config)")
+        preset(m)  # an hf: config is read and checked here, before Ray starts
     if len(set(settings.models)) != len(settings.models):
         raise ValueError(f"models: {list(settings.models)} lists a model twice")
     if searcher not in SEARCHERS:

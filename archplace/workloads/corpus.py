@@ -143,11 +143,11 @@ def small_transformer(family: str, layers: int, hidden: int, heads: int, ffn: in
         kwargs["use_cache"] = False
     if family == "t5":
         kwargs["decoder_input_ids"] = ids
-    ops, _, unmapped = capture_ops(model, (ids,), kwargs, BPE)
+    ops, _, unmapped = capture_ops(model, (ids,), kwargs, BPE, stacks=tuple(p.stacks))
     name = f"{family}-l{layers}-h{hidden}-s{seq}"
     meta = {"model": name, "source": f"transformers {transformers.__version__} {p.model_class} (small)",
             "seq": seq, "mbs": 1, "tmp": 1, "bytes_per_element": BPE, "unmapped_ops": unmapped}
-    g = ops_to_graph(ops, meta, fuse=True)
+    g = ops_to_graph(ops, dict(meta, family=family), fuse=True, roles=p.roles)
     return _append_loss(g) if family in _HAS_LOSS else g
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,16 @@ _ATEN_KIND = {
     "reciprocal": "div", "lt": "elementwise", "gt": "elementwise", "ge": "elementwise",
     "le": "elementwise", "eq": "elementwise", "ne": "elementwise", "full_like": "elementwise",
     "scaled_dot_product_attention": "attention_sdpa",
+    # mixture of experts (transformers' grouped-GEMM experts): the top-k router's bookkeeping is small
+    # vector work; the grouped GEMM runs every (token, chosen expert) row through its expert's weights
+    "topk": "elementwise", "sort": "elementwise", "argsort": "elementwise", "histc": "elementwise",
+    "bincount": "elementwise", "cumsum": "elementwise", "one_hot": "elementwise",
+    "floor_divide": "elementwise", "remainder": "elementwise", "index_put": "elementwise",
+    "index_put_": "elementwise", "index_add": "add", "index_add_": "add", "scatter_add": "add",
+    "scatter_add_": "add", "empty_like": "elementwise", "grouped_mm_fallback": "linear",
+    "_grouped_mm": "linear", "grouped_mm": "linear",
 }
+_GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 _VIEW_OPS = {
     "view", "reshape", "_unsafe_view", "transpose", "permute", "expand", "unsqueeze", "squeeze",
     "contiguous", "clone", "alias", "select", "slice", "getitem", "split", "split_with_sizes",
@@ -51,13 +61,6 @@ _VIEW_OPS = {
 }
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
                  "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros"}
-
-# Megatron roles by the linear's module name (last path component, or last two for BERT's outputs)
-_COL = {"query", "key", "value", "q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "qkv",
-        "intermediate.dense", "fc1", "c_fc", "gate_proj", "up_proj", "wi", "wi_0", "wi_1", "q", "k",
-        "v", "query_key_value", "dense_h_to_4h"}
-_ROW = {"attention.output.dense", "o_proj", "out_proj", "attn.c_proj", "mlp.c_proj", "fc2",
-        "down_proj", "wo", "o", "dense", "dense_4h_to_h"}
 
 _BLOCK_RE = re.compile(r"^(.*?\b(?:layer|layers|h|block))\.(\d+)(?:\.|$)")
 
@@ -78,6 +81,7 @@ class _Op:
     args: list[tuple[int, int]]  # (producer op index, argument position)
     out_numel: int
     params: tuple[str, ...] = ()  # the parameters the op reads (all readers, not only the first)
+    param_paths: tuple[str, ...] = ()  # their paths in the module (model.layers.0.mlp.up_proj.weight)
 
 
 def _numel(v: Any) -> int:
@@ -115,20 +119,6 @@ def _module_path(node) -> str:
     return path.removeprefix("L['self'].").removeprefix("L__self__")
 
 
-def _role(module: str, kind: str) -> str:
-    if kind not in ("linear", "matmul") or not module:
-        return ""
-    parts = module.split(".")
-    last, last2 = parts[-1], ".".join(parts[-2:])
-    if last2 in _ROW or (last in _ROW and last != "dense"):
-        return "row"
-    if last2 in _COL or (last in _COL and last != "dense"):
-        return "col"
-    if last == "dense" and len(parts) >= 2 and parts[-2] == "output":
-        return "row"
-    return ""
-
-
 def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
     """GEMM dimensions (b, m, n, k) of a tensor op."""
     out = node.meta["val"]
@@ -141,6 +131,9 @@ def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
     if target == "addmm":  # addmm(bias, x[M,K], w[K,N]) as in GPT-2's Conv1D
         x, w = shapes[1], shapes[2]
         return (1, int(x[0]), int(w[1]), int(x[1]))
+    if target in _GROUPED_MM:  # grouped_mm(x[S,K], w[E,K,N], offs): S rows, each through one expert
+        n = int(out.shape[-1])
+        return (1, _numel(out) // n, n, int(shapes[0][-1]))
     if target in ("convolution", "conv1d", "conv2d"):
         w = shapes[1]
         cout, cin_g = int(w[0]), int(w[1])
@@ -155,27 +148,46 @@ def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
     return (batch, m, n, k)
 
 
-def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_element: int = 2):
-    """Export ``model`` and turn its graph into a list of ``_Op`` (constants folded away)."""
+class UnmappedOpsError(ValueError):
+    """The captured graph holds aten ops without a cost mapping (``_ATEN_KIND``)."""
+
+
+def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_element: int = 2,
+                stacks: tuple[str, ...] | None = None, allow_unmapped_ops: bool = False):
+    """Export ``model`` and turn its graph into a list of ``_Op`` (constants folded away).
+
+    ``stacks`` names the module paths of the block stacks (``model.layers``): an op in
+    ``STACK.i`` belongs to block i of that stack. None: the stacks are guessed from the path
+    (``...layer|layers|h|block.i``), as the presets and the GDP models have always been captured.
+
+    An aten op with no entry in the op table is an error naming it (its cost would be a guess);
+    ``allow_unmapped_ops`` counts such ops as element-wise vector ops instead, with a warning that
+    lists them, and the graph's ``meta["unmapped_ops"]`` keeps the list.
+    """
     import torch
 
     ep = torch.export.export(model, example_args, kwargs=example_kwargs, strict=False)
     params: dict[str, int] = {}  # placeholder name -> numel
+    fqn: dict[str, str] = {}  # placeholder name -> parameter path (model.layers.0.mlp.up_proj.weight)
     for spec in ep.graph_signature.input_specs:
         if spec.kind.name == "PARAMETER":
             params[spec.arg.name] = 0
+            fqn[spec.arg.name] = str(spec.target)
     user_inputs = {spec.arg.name for spec in ep.graph_signature.input_specs
                    if spec.kind.name == "USER_INPUT"}
+    stack_order = sorted(stacks or (), key=len, reverse=True)
     ops: list[_Op] = []
     index: dict[str, int] = {}  # fx node name -> op index
     live: set[str] = set(user_inputs)  # values that depend on a model input or parameter
+    root: dict[str, str] = {}  # parameter placeholders and shape-only views of them -> the parameter
     owned: set[str] = set()  # parameters already attributed to an op
-    unmapped: set[str] = set()
+    unmapped: dict[str, str] = {}  # aten op -> the module of its first occurrence
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             if node.name in params:
                 params[node.name] = _numel(node.meta.get("val"))
                 live.add(node.name)
+                root[node.name] = node.name
             elif node.name in user_inputs:
                 v = node.meta.get("val")
                 index[node.name] = len(ops)
@@ -197,15 +209,21 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         else:
             kind = _ATEN_KIND.get(target)
             if kind is None:
-                unmapped.add(target)
+                unmapped.setdefault(target, _module_path(node) or "model")
                 kind = "elementwise"
         if kind == "attention_sdpa":
             raise ValueError("scaled_dot_product_attention found: build the model with "
                              "attn_implementation='eager' so attention splits into GEMMs and softmax")
+        live_args = [a for a in fx_args if a.name in live]
+        if kind == "view" and all(a.name in root for a in live_args):
+            # a shape-only view or cast of a parameter (a transposed expert weight) is the
+            # parameter itself: its bytes go to the op that computes with it
+            root[node.name] = root[live_args[0].name]
+            continue
         val = node.meta.get("val")
         # argument position counts activations only, so x is arg 0 of linear(x, W) and addmm(b, x, W)
-        act_args = list(zip([a for a in fx_args if a.name not in params], range(len(fx_args))))
-        w_args = [a for a in fx_args if a.name in params]
+        act_args = list(zip([a for a in fx_args if a.name not in root], range(len(fx_args))))
+        w_args = [a for a in fx_args if a.name in root]
         if kind == "matmul" and w_args:
             kind = "linear"  # x @ W with a parameter operand
         in_bytes = sum(_nbytes(a.meta.get("val"), bytes_per_element) for a, _ in act_args)
@@ -213,9 +231,10 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         out_numel = _numel(val)
         wbytes = 0
         for a in w_args:
-            if a.name not in owned:
-                owned.add(a.name)
-                wbytes += params[a.name] * bytes_per_element
+            r = root[a.name]
+            if r not in owned:
+                owned.add(r)
+                wbytes += params[r] * bytes_per_element
         info = OP_KINDS[kind]
         gemm = (0, 0, 0, 0)
         if kind in TENSOR_KINDS:
@@ -230,14 +249,37 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             flops = vflops = 0.0
         saved = {"input": in_bytes, "output": out_bytes}.get(info.saves, 0)
         module = _module_path(node)
-        m = _BLOCK_RE.match(module)
-        block = (m.group(1), int(m.group(2))) if m else None
+        block = _block_of(module, stack_order) if stacks is not None else None
+        if stacks is None:
+            m = _BLOCK_RE.match(module)
+            block = (m.group(1), int(m.group(2))) if m else None
         args = [(index[a.name], pos) for a, pos in act_args if a.name in index]
         index[node.name] = len(ops)
         ops.append(_Op(f"{module or 'model'}/{node.name}", kind, module, block, gemm, flops, vflops,
-                       in_bytes, out_bytes, wbytes, saved, args, out_numel, tuple(a.name for a in w_args)))
+                       in_bytes, out_bytes, wbytes, saved, args, out_numel,
+                       tuple(root[a.name] for a in w_args), tuple(fqn[root[a.name]] for a in w_args)))
+    if unmapped and not allow_unmapped_ops:
+        listed = ", ".join(f"{op} (first in {mod})" for op, mod in sorted(unmapped.items()))
+        raise UnmappedOpsError(
+            f"unmapped aten ops {listed}: archplace has no cost model for them (map each in "
+            "archplace/workloads/extract.py _ATEN_KIND), or allow them as element-wise ops with "
+            "allow_unmapped_ops=True (CLI: --allow-unmapped-ops)")
+    if unmapped:
+        warnings.warn(f"unmapped aten ops counted as element-wise vector ops: {sorted(unmapped)}",
+                      stacklevel=2)
     num_params = sum(params.values())
     return ops, num_params, sorted(unmapped)
+
+
+def _block_of(module: str, stacks: list[str]) -> tuple[str, int] | None:
+    """(stack, i) when ``module`` is inside block i of one of ``stacks`` (longest first)."""
+    for st in stacks:
+        rest = module[len(st) + 1:] if module.startswith(st + ".") else None
+        if rest:
+            head = rest.split(".", 1)[0]
+            if head.isdigit():
+                return (st, int(head))
+    return None
 
 
 def _flat_args(args) -> list:
@@ -250,9 +292,19 @@ def _flat_args(args) -> list:
     return out
 
 
-def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True) -> OpGraph:
+def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
+                 roles: dict[str, str] | None = None) -> OpGraph:
     """Assign layers (blocks by module path; the runs of other ops in execution order become
-    ``embed``, ``head`` or a named layer in between), fuse tensor→vector pairs, tag Megatron roles."""
+    ``embed``, ``head`` or a named layer in between), fuse tensor→vector pairs, tag Megatron roles.
+
+    ``roles`` is the family's tensor-parallel table (``tp_roles.TP_ROLES``): each block GEMM with a
+    weight takes its role from it; the block GEMMs left without one (not in the table, or a GEMM
+    without weights outside every column→row span) are listed in ``meta["tp_unknown"]``, and
+    ``slice_tensor_parallel`` refuses to slice such a graph."""
+    from .tp_roles import weight_role
+
+    table_role = [weight_role(o.param_paths[0], roles) if o.block is not None and o.param_paths
+                  and o.kind in TENSOR_KINDS else None for o in ops]
     # ---- layers
     layer_names: list[str] = []
     layer_of = np.empty(len(ops), dtype=np.int32)
@@ -290,7 +342,7 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True) -> OpG
         "flops": [o.flops for o in ops], "vector_flops": [o.vector_flops for o in ops],
         "input_bytes": [o.in_bytes for o in ops], "output_bytes": [o.out_bytes for o in ops],
         "weight_bytes": [o.weight_bytes for o in ops], "saved_bytes": [o.saved_bytes for o in ops],
-        "tp_role": np.array([_role(o.module, o.kind) for o in ops], dtype=object),
+        "tp_role": np.array([r if r in ("col", "row") else "" for r in table_role], dtype=object),
     }
     out_bytes = np.array([o.out_bytes for o in ops], dtype=np.int64)
     edges = {"src": src_a, "dst": dst_a, "bytes": out_bytes[src_a] if len(src_a) else [], "arg": arg}
@@ -302,7 +354,18 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True) -> OpG
         g = fuse_tensor_vector(g)
     from .transforms import tag_tensor_parallel
 
-    return tag_tensor_parallel(g)
+    g = tag_tensor_parallel(g)
+    # block GEMMs with no known role: weighted ones the table misses, weightless ones outside
+    # every column→row span (node ids are op indices; a fused node keeps its GEMM's id)
+    nd = g.nodes
+    unknown: list[str] = []
+    for i, core, role in zip(nd["id"], nd["core"], nd["tp_role"]):
+        op = ops[int(i)]
+        if core in ("tensor", "fused") and op.block is not None and role == "" \
+                and table_role[int(i)] is None and op.module not in unknown:
+            unknown.append(op.module)
+    g.meta["tp_unknown"] = unknown
+    return g
 
 
 def _is_block_name(name: str) -> bool:

@@ -753,6 +753,11 @@ def _check_int(field_name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{field_name} must be an integer >= {minimum}, got {value!r}")
 
 
+# Megatron roles (tp_roles.py's format) of the GEMMs these graphs have always had. GDP graphs are never
+# sliced; a row GEMM stays out of a fused pair when ``fuse`` is on.
+_TP_ROLES = {"txl": {"ff.fc1": "col", "ff.fc2": "row"}}
+
+
 @functools.lru_cache(maxsize=16)
 def _graph(name: str, batch: int, training: bool, fuse: bool) -> OpGraph:
     p = gdp_preset(name)
@@ -764,7 +769,7 @@ def _graph(name: str, batch: int, training: bool, fuse: bool) -> OpGraph:
             "unmapped_ops": unmapped}
     if isinstance(p.sizes, (RnnlmSizes, TxlSizes)):
         meta["seq"] = p.sizes.time_steps if isinstance(p.sizes, RnnlmSizes) else p.sizes.segment_tokens
-    g = _assign_layers(ops_to_graph(ops, meta, fuse=fuse))
+    g = _assign_layers(ops_to_graph(ops, meta, fuse=fuse, roles=_TP_ROLES.get(p.family)))
     # op i of the capture is node id i (ops_to_graph numbers nodes in capture order), so each node's
     # parameters are those of its op; fusing keeps the GEMM's id and drops the absorbed op's, whose
     # parameters then join no group (fuse is off for GDP by default)

@@ -38,6 +38,47 @@ class ModelPreset:
     def depths(self) -> dict[str, int]:
         return {k: self.config[k] for k in self.layer_keys}
 
+    # the interface the graph builder shares with byom.HfModel (a model from a config file)
+    allow_unmapped_ops = False
+    fingerprint = ""
+
+    @property
+    def stacks(self) -> dict[str, int]:
+        """Block stack path -> depth in the full model."""
+        return {_STACKS[self.family][k]: v for k, v in self.depths.items()}
+
+    @property
+    def has_loss(self) -> bool:
+        return self.family in _HAS_LOSS
+
+    @property
+    def roles(self) -> dict[str, str]:
+        from .tp_roles import TP_ROLES
+
+        return TP_ROLES[self.family]
+
+    def build_model(self, capture_blocks: int | None = None):
+        """The model on the meta device, each stack at most ``capture_blocks`` deep if given."""
+        import torch
+        import transformers
+
+        over = {} if capture_blocks is None else {k: min(v, capture_blocks) for k, v in self.depths.items()}
+        with torch.device("meta"):
+            model = getattr(transformers, self.model_class)(self.make_config(**over))
+        model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
+        return model
+
+    def example_inputs(self, seq: int, mbs: int) -> tuple[tuple, dict[str, Any]]:
+        import torch
+
+        ids = torch.zeros((mbs, seq), dtype=torch.long, device="meta")
+        kwargs: dict[str, Any] = {}
+        if self.family in _HAS_LOSS:
+            kwargs["use_cache"] = False
+        if self.family == "t5":
+            kwargs["decoder_input_ids"] = ids
+        return (ids,), kwargs
+
 
 def _gpt(n_layer: int, n_embd: int, n_head: int, seq: int, act: str = "gelu") -> dict:
     return dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=seq, vocab_size=50257,
@@ -114,57 +155,69 @@ _STACKS = {
 _HAS_LOSS = {"gpt2", "opt", "llama", "t5"}  # models with an LM head get a cross-entropy loss op
 
 
-def preset(name: str) -> ModelPreset:
+def preset(name: str):
+    """The preset ``name``, or the model of an ``hf:PATH`` reference (``byom.hf_ref``): a
+    ``ModelPreset`` or a ``byom.HfModel``, which share what the graph builders use."""
+    from .byom import hf_model, is_hf_ref
+
+    if is_hf_ref(name):
+        return hf_model(name)
     try:
         return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {sorted(PRESETS)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(PRESETS)}, or a transformers "
+                         "config as hf:PATH (CLI: --hf-config PATH)") from None
 
 
 def full_model_parameters(name: str) -> int:
-    """Parameter count that transformers reports for the full preset (built on the meta device)."""
-    import torch
-    import transformers
-
-    p = preset(name)
-    with torch.device("meta"):
-        model = getattr(transformers, p.model_class)(p.make_config())
-    return model.num_parameters()
+    """Parameter count that transformers reports for the full model (built on the meta device)."""
+    return preset(name).build_model().num_parameters()
 
 
 @functools.lru_cache(maxsize=32)
 def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
-                   fuse: bool) -> OpGraph:
-    import torch
+                   fuse: bool, fingerprint: str = "") -> OpGraph:
+    """``fingerprint``: the content hash of an ``hf:`` config file, so that an edited file is
+    captured again."""
+    import torch.nn as nn
     import transformers
 
     p = preset(name)
-    depths = p.depths
-    captured = {k: min(v, capture_blocks) for k, v in depths.items()}
-    cfg = p.make_config(**captured)
-    with torch.device("meta"):
-        model = getattr(transformers, p.model_class)(cfg)
-    model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
-    ids = torch.zeros((mbs, seq), dtype=torch.long, device="meta")
-    kwargs: dict[str, Any] = {}
-    if p.family in _HAS_LOSS:
-        kwargs["use_cache"] = False
-    if p.family == "t5":
-        kwargs["decoder_input_ids"] = ids
-    ops, _, unmapped = capture_ops(model, (ids,), kwargs, bytes_per_element)
+    stacks = p.stacks
+    model = p.build_model(capture_blocks)
+    modules = dict(model.named_modules())
+    captured = {}
+    for st, total in stacks.items():
+        got = modules.get(st)
+        if not isinstance(got, nn.ModuleList):
+            raise ValueError(f"model {name!r}: block stack {st!r} not found in {p.model_class}")
+        captured[st] = len(got)
+        if captured[st] != min(total, capture_blocks) and captured[st] != total:
+            raise ValueError(f"model {name!r}: stack {st!r} has {captured[st]} blocks after reducing the "
+                             f"depth fields to {capture_blocks}, expected {min(total, capture_blocks)}")
+    args, kwargs = p.example_inputs(seq, mbs)
+    try:
+        ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),
+                                       allow_unmapped_ops=p.allow_unmapped_ops)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.export of a user's config: one line, not a traceback
+        msg = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"model {name!r}: torch.export of {p.model_class} failed: "
+                         f"{type(e).__name__}: {msg}") from e
     meta = {"model": name, "source": f"transformers {transformers.__version__} "
-            f"{p.model_class}", "seq": seq, "mbs": mbs, "tmp": 1,
+            f"{p.model_class}", "family": p.family, "seq": seq, "mbs": mbs, "tmp": 1,
             "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
-            "captured_blocks": captured, "blocks": depths}
-    g = ops_to_graph(ops, meta, fuse=fuse)
-    if p.family in _HAS_LOSS:
-        g = _append_loss(g)
-    for key, total in depths.items():
-        g = replicate_blocks(g, _STACKS[p.family][key], captured[key], total)
+            "captured_blocks": captured, "blocks": dict(stacks)}
+    g = ops_to_graph(ops, meta, fuse=fuse, roles=p.roles)
+    if p.has_loss:
+        g = append_loss(g)
+    for st, total in stacks.items():
+        g = replicate_blocks(g, st, captured[st], total)
     return g
 
 
-def _append_loss(g: OpGraph) -> OpGraph:
+def append_loss(g: OpGraph) -> OpGraph:
     """Cross-entropy over the logits (the op with the largest output among the sinks)."""
     import numpy as np
 
@@ -187,9 +240,13 @@ def _append_loss(g: OpGraph) -> OpGraph:
     return OpGraph(cols, edges, dict(g.meta))
 
 
+_append_loss = append_loss  # the name corpus.py and gdp_models.py import
+
+
 def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, training: bool = True,
                 bytes_per_element: int = 2, capture_blocks: int = 3, fuse: bool = True) -> OpGraph:
-    """The operator graph of preset ``name``: one device's TMP slice of width ``tmp`` at microbatch
+    """The operator graph of preset ``name`` (or of a config file's ``hf:PATH`` reference, see
+    ``byom.from_hf_config``): one device's TMP slice of width ``tmp`` at microbatch
     ``mbs`` and sequence ``seq`` (the preset's by default), with the backward pass when
     ``training``."""
     p = preset(name)
@@ -205,7 +262,7 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
         raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
     if capture_blocks < 3:
         raise ValueError("capture_blocks must be >= 3 (block 0 can differ; two more give the pattern)")
-    g = _forward_graph(name, seq, mbs, bytes_per_element, capture_blocks, fuse)
+    g = _forward_graph(name, seq, mbs, bytes_per_element, capture_blocks, fuse, p.fingerprint)
     g = slice_tensor_parallel(g, tmp)
     return derive_backward(g) if training else g
 

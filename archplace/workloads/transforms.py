@@ -216,6 +216,15 @@ def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
     meta = dict(g.meta, tmp=t)
     if t == 1:
         return OpGraph(dict(g.nodes), dict(g.edges), meta)
+    unknown = g.meta.get("tp_unknown") or []
+    if unknown:
+        from .tp_roles import known_families
+
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ValueError(f"cannot slice model {g.meta.get('model')!r} at tmp {t}: block GEMM in module "
+                         f"{unknown[0]!r}{more} has no tensor-parallel role for family "
+                         f"{g.meta.get('family')!r}; families with a role table: {known_families()} "
+                         "(archplace/workloads/tp_roles.py; from_module takes tp_roles=), or use tmp 1")
     nd = {k: v.copy() for k, v in g.nodes.items()}
     role = nd["tp_role"]
     col, row, shard = role == "col", role == "row", role == "shard"
