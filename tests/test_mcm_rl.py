@@ -415,7 +415,10 @@ def test_pretrain_keeps_the_best_validation_checkpoint(ray_session):
 def test_ppo_trained_on_repaired_actions_learns_faster(ray_session):
     """``train_on: repaired`` (PPO's action and log-probability become those of y', spec §2.3 option (b))
     on the fixed 20-node, 4-chip graph: the mean reward per step climbs well past greedy + FIX within
-    15 iterations (measured 0.56 -> 1.12; training on the sampled y reaches ~0.8 in 30)."""
+    25 iterations (training on the sampled y reaches ~0.8 in 30). Measured 0.56 -> 1.12 within 15 iterations
+    on an earlier install; a fresh install on 2026-11-25 (ortools 9.15.6755, ray 2.60.0) gives the same
+    seeded run a slower start, 0.55 -> 0.83 at 15 and 1.24 at 25, and failed at the last landed commit too,
+    so the budget is 25."""
     from archplace.algorithms.rl.mcm_ppo import build_ppo, env_of
 
     g = layered_dag(20, 2, seed=1, batch=1, seq=128, hidden=256, bytes_per_element=1)
@@ -427,9 +430,9 @@ def test_ppo_trained_on_repaired_actions_learns_faster(ray_session):
                      ppo={"lr": 5e-3}, model={"hidden": 32, "num_layers": 3, "head_hiddens": [32, 32],
                                               "vf_hiddens": [32]})
     try:
-        returns = [algo.train()["env_runners"]["episode_return_mean"] / 2 for _ in range(15)]
+        returns = [algo.train()["env_runners"]["episode_return_mean"] / 2 for _ in range(25)]
         env = env_of(algo)
-        assert env.total_samples == 15 * 40
+        assert env.total_samples == 25 * 40
     finally:
         algo.stop()
         torch.set_num_threads(threads)
