@@ -18,7 +18,8 @@ gives the numbers the sort-based version (commit 8409844) gave, bit for bit; wha
 * **The event heap orders by time only.** The events of one instant are taken out together and run in
   (type, seq) order, the reference's ``heapq`` order; an event pushed meanwhile for the same instant (a
   0 s transfer) sorts after all of them, so it runs next. The pop is Floyd's (the hole goes to a leaf by
-  the earlier child, one comparison a level; the last event then sifts up, usually not at all).
+  the earlier child, one comparison a level, without a branch since which child is earlier is a coin
+  flip to the branch predictor; the last event then sifts up, usually not at all).
 * **Dispatch visits only the devices touched at an instant**, in device order (the reference's dispatch
   events run in that order, and the seq they give decides ties later).
 * **The per-device ready heaps keep the priority next to the op** and sift exactly as before, so ops of
@@ -373,8 +374,7 @@ def _epop(et, ek, esz):
     i = 0
     c = 1
     while c < esz:
-        if et[c + 1] < et[c]:
-            c += 1
+        c += et[c + 1] < et[c]  # no branch: which child is earlier is a coin flip to the predictor
         et[i] = et[c]
         ek[i] = ek[c]
         i = c
