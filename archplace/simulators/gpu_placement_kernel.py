@@ -23,7 +23,8 @@ gives the numbers the sort-based version (commit 8409844) gave, bit for bit; wha
 * **Dispatch visits only the devices touched at an instant**, in device order (the reference's dispatch
   events run in that order, and the seq they give decides ties later).
 * **The per-device ready heaps keep the priority next to the op** and sift exactly as before, so ops of
-  equal priority still run in the same order.
+  equal priority still run in the same order; a +max priority one past the end lets the pop pick the
+  lower child without a branch.
 * **Op and device ids are unsigned**, which spares numba's negative-index wrap-around on each lookup.
 * **Buffers are allocated once per batch** (once per thread with :func:`run_batch_parallel`, which
   splits a batch's placements over threads; a placement's numbers do not depend on the thread).
@@ -40,12 +41,13 @@ except ImportError:  # pragma: no cover - numba is a dependency; gpu_placement s
 
 _SEQ_BITS = 40  # event key: type << 40 | seq; seq < n * d < 2**40
 _TYPE_XFER = np.int64(1) << _SEQ_BITS
+_PRIO_END = np.iinfo(np.int64).max  # priority one past a ready heap's end
 
 
 def _workspace(n, d):
     """Per-thread buffers, reused across the placements a thread simulates."""
     ncap = n + n * d + 16  # events ever pushed: one finish per op, at most d - 1 transfers per op
-    return (np.empty((d, n), np.uint32), np.empty((d, n), np.int64),  # ready heaps: op, priority
+    return (np.empty((d, n), np.uint32), np.empty((d, n + 1), np.int64),  # ready heaps: op, priority
             np.zeros(d, np.int64),  # ready heap sizes
             np.empty(ncap + 1), np.empty(ncap + 1, np.int64),  # event heap: time, key
             np.empty(ncap, np.int64),  # keys of the events of one instant
@@ -79,6 +81,7 @@ def _row(dev, compute, prio, ptr, out_dst, out_b, in_ptr, in_src, indeg, outb_no
     tlist = np.empty(d, np.int64)
     for e in range(d):
         rsz[e] = 0
+        rk[e, 0] = _PRIO_END
         peak[r, e] = 0.0
     for v in range(n):
         pending[v] = indeg[v]
@@ -310,6 +313,7 @@ def _rpush(rh, rk, rsz, e, v, p):
     """Push op ``v`` of priority ``p`` on device ``e``'s ready heap (binary, min priority on top)."""
     i = rsz[e]
     rsz[e] += 1
+    rk[e, i + 1] = _PRIO_END
     while i > 0:
         q = (i - 1) // 2
         if rk[e, q] <= p:
@@ -328,14 +332,13 @@ def _rpop(rh, rk, rsz, e):
     s = rsz[e]
     v = rh[e, s]
     p = rk[e, s]
+    rk[e, s] = _PRIO_END
     i = 0
     while True:
-        lft = 2 * i + 1
-        if lft >= s:
+        c = 2 * i + 1
+        if c >= s:
             break
-        c = lft
-        if lft + 1 < s and rk[e, lft + 1] < rk[e, lft]:
-            c = lft + 1
+        c += rk[e, c + 1] < rk[e, c]  # the right child if it is lower (a missing one is _PRIO_END)
         if p <= rk[e, c]:
             break
         rh[e, i] = rh[e, c]
