@@ -172,7 +172,7 @@ def _row(dev, compute, prio, ptr, out_dst, out_b, in_ptr, in_src, indeg, outb_no
                             if out_b[k] > size[f]:
                                 size[f] = out_b[k]
                     left[v] = nloc
-                    for f in range(d):
+                    for f in range(d if nloc < ptr[v + 1] - ptr[v] else 0):  # skipped with no remote consumer
                         if ecount[f] > 0:
                             sz = size[f]
                             dur = lat + sz / bw
