@@ -66,6 +66,7 @@ class PlacementProblem:
     _csr: tuple | None = field(default=None, repr=False)
     _in_csr: tuple | None = field(default=None, repr=False)
     _out_max: np.ndarray | None = field(default=None, repr=False)
+    _ids32: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.compute_s)
@@ -363,7 +364,9 @@ def simulate_batch(problem: PlacementProblem, placements, *, threads: int = 1) -
                          "< 2**16 devices")
     # unsigned op and device ids: numba indexes with them without the negative-index wrap-around test
     P16 = P.astype(np.uint16)
-    out_dst, in_src = out_dst.astype(np.uint32), in_src.astype(np.uint32)
+    if problem._ids32 is None:  # cached: GDP's env simulates one placement a call
+        problem._ids32 = (out_dst.astype(np.uint32), in_src.astype(np.uint32))
+    out_dst, in_src = problem._ids32
     step = np.zeros(K)
     peak = np.zeros((K, d))
     busy = np.zeros((K, d))
