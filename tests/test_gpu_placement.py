@@ -160,6 +160,39 @@ def test_compiled_equals_reference_on_random_dags(ic):
             assert b.transfer_bytes[k] == pytest.approx(ref.transfer_bytes)
 
 
+def test_compiled_equals_reference_when_many_events_share_an_instant():
+    # whole-millisecond compute and transfer times: completions and arrivals coincide, so the order of the
+    # events of one instant (finishes first, then by creation) and the peaks read per instant are tested
+    for s in range(8):
+        n, d = 12 + 4 * s, 2 + s % 3
+        q = _random_problem(n, d, s, ["pcie", "nvlink"][s % 2])
+        rng = np.random.default_rng(s)
+        p = PlacementProblem(rng.integers(0, 3, n) * 1e-3, q.output_bytes, q.resident_bytes, q.src, q.dst,
+                             rng.integers(1, 3, q.num_edges) * 1e6, q.coloc_group, q.priority, d, 5e8, 1e9,
+                             1e-3, q.interconnect)
+        P = rng.integers(0, d, (4, n))
+        b = simulate_batch(p, P)
+        for k in range(4):
+            ref = simulate_reference(p, P[k])
+            assert b.step_time_s[k] == pytest.approx(ref.step_time_s, rel=1e-12)
+            assert np.array_equal(b.peak_memory_bytes[k], ref.peak_memory_bytes)
+            assert b.num_transfers[k] == ref.num_transfers
+
+
+@pytest.mark.parametrize("ic", ["pcie", "nvlink"])
+def test_threads_split_the_batch_without_changing_a_bit(ic):
+    p = _random_problem(60, 4, 7, ic)
+    P = np.random.default_rng(7).integers(0, 4, (13, 60))
+    one = simulate_batch(p, P)
+    for threads in (2, 5, 13, 40):
+        many = simulate_batch(p, P, threads=threads)
+        for f in ("step_time_s", "valid", "oom", "coloc_violated", "peak_memory_bytes", "compute_busy_s",
+                  "transfer_bytes", "num_transfers"):
+            assert np.array_equal(getattr(one, f), getattr(many, f)), f
+    with pytest.raises(ValueError, match="threads"):
+        simulate_batch(p, P, threads=0)
+
+
 def test_from_graph_roofline_and_resident_state():
     g = OpGraph.from_columns(
         {"id": [0, 1, 2], "kind": ["input", "matmul", "matmul"], "flops": [0, 2e12, 1e6],

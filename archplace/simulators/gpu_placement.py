@@ -22,9 +22,10 @@ The model is TensorFlow's executor on a multi-GPU host, kept to what decides a p
   weight's reader and its gradient ops) make a placement invalid. They are results, not exceptions:
   ``valid`` is False, ``reason`` says which device or group, and the step time is still reported.
 
-:func:`simulate_batch` runs the event simulation compiled with numba for many placements of one graph
-(``placements`` of shape ``[K, n]``); :func:`simulate_reference` is a plain-Python implementation of the
-same rules that the tests hold the fast one to. No Ray import here.
+:func:`simulate_batch` runs the event simulation compiled with numba (:mod:`.gpu_placement_kernel`, which
+says how it is made fast) for many placements of one graph (``placements`` of shape ``[K, n]``), on one
+thread or split over several; :func:`simulate_reference` is a plain-Python implementation of the same
+rules that the tests hold the fast one to. No Ray import here.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hardware.gpu_machines import GPUMachine
-
-try:  # numba compiles the event loop (~100x the Python loop); see pyproject.toml
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; the message says what to install
-    numba = None
+from . import gpu_placement_kernel as _k
 
 ADAM_STATE_FACTOR = 4  # weights + gradients + Adam's two moments, each the size of the weights
 
@@ -67,6 +64,9 @@ class PlacementProblem:
     interconnect: str
     names: tuple[str, ...] = ()
     _csr: tuple | None = field(default=None, repr=False)
+    _in_csr: tuple | None = field(default=None, repr=False)
+    _out_max: np.ndarray | None = field(default=None, repr=False)
+    _ids32: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.compute_s)
@@ -137,6 +137,26 @@ class PlacementProblem:
             self._csr = (np.cumsum(ptr), self.dst[order].copy(), self.edge_bytes[order].copy(),
                          np.bincount(self.dst, minlength=n).astype(np.int64))
         return self._csr
+
+    def in_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """In-edges by destination: (pointer [n+1], source); the compiled simulator frees a buffer when
+        the last op reading it finishes."""
+        if self._in_csr is None:
+            n = self.num_nodes
+            order = np.argsort(self.dst, kind="stable")
+            ptr = np.zeros(n + 1, np.int64)
+            np.add.at(ptr, self.dst + 1, 1)
+            self._in_csr = (np.cumsum(ptr), self.src[order].copy())
+        return self._in_csr
+
+    def output_buffer_bytes(self) -> np.ndarray:
+        """Bytes of each op's output buffer on its own device: its output, or its largest out-edge."""
+        if self._out_max is None:
+            node_max = np.zeros(self.num_nodes)
+            if self.num_edges:
+                np.maximum.at(node_max, self.src, self.edge_bytes)
+            self._out_max = np.maximum(self.output_bytes, node_max)
+        return self._out_max
 
 
 @dataclass
@@ -324,293 +344,42 @@ def simulate_reference(problem: PlacementProblem, placement) -> PlacementResult:
                            len(xfer))
 
 
-# ---------------------------------------------------------------------------------------------- compiled
-def _kernel(P, compute, prio, ptr, out_dst, out_b, indeg, outb_node, resident, d, pcie, bw, lat,
-            step, peak, busy_s, tbytes, ntrans):
-    """The event loop of :func:`simulate_reference` for each row of ``P`` (numba-compiled). Buffers are
-    allocated once per batch; transfers are kept as records, so a placement costs O((n + m) log n)."""
-    K, n = P.shape
-    cap = 2 * (n + n * d) + 16
-    rh = np.empty((d, n), np.int64)  # per-device ready heaps of op ids ordered by priority
-    rsz = np.zeros(d, np.int64)
-    isbusy = np.zeros(d, np.bool_)
-    start = np.zeros(n)
-    fin = np.full(n, -1.0)
-    xid = np.full((n, d), -1, np.int64)  # transfer record of (op, destination), -1 none
-    ts = np.empty(n * d)
-    te = np.empty(n * d)
-    tsz = np.empty(n * d)
-    send_free = np.zeros(d)
-    recv_free = np.zeros(d)
-    pair_free = np.zeros((d, d))
-    et = np.empty(cap)
-    ety = np.empty(cap, np.int64)
-    eseq = np.empty(cap, np.int64)
-    ea = np.empty(cap, np.int64)
-    eb = np.empty(cap, np.int64)
-    size = np.zeros(d)
-    has = np.zeros(d, np.bool_)
-    dirty = np.zeros(d, np.bool_)
-    cend = np.zeros(d)
-    mt = np.empty(2 * n + 2 * n * d)
-    md = np.empty(2 * n + 2 * n * d)
-    mdev = np.empty(2 * n + 2 * n * d, np.int64)
-    cur = np.zeros(d)
-    for r in range(K):
-        dev = P[r]
-        pending = indeg.copy()
-        rsz[:] = 0
-        isbusy[:] = False
-        fin[:] = -1.0
-        send_free[:] = 0.0
-        recv_free[:] = 0.0
-        pair_free[:, :] = 0.0
-        esz = 0
-        seq = 0
-        nt = 0
-        tb = 0.0
-        for v in range(n):
-            if pending[v] == 0:
-                _rpush(rh, rsz, dev[v], v, prio)
-        # Dispatch needs no events: once every completion at an instant is processed, each device they
-        # touched starts its best ready op. The reference's dispatch events sort after the completions at
-        # an instant, so the two agree whenever a transfer takes more than 0 s.
-        t = 0.0
-        dirty[:] = True
-        while True:
-            for e in range(d):
-                if dirty[e]:
-                    dirty[e] = False
-                    if not isbusy[e] and rsz[e] > 0:
-                        v = _rpop(rh, rsz, e, prio)
-                        start[v] = t
-                        fin[v] = t + compute[v]
-                        isbusy[e] = True
-                        esz = _epush(et, ety, eseq, ea, eb, esz, fin[v], 0, seq, v, 0)
-                        seq += 1
-            if esz == 0:
-                break
-            t = et[0]
-            while esz > 0 and et[0] == t:
-                t, typ, a, b, esz = _epop(et, ety, eseq, ea, eb, esz)
-                if typ == 0:
-                    v = a
-                    e = dev[v]
-                    isbusy[e] = False
-                    dirty[e] = True
-                    for f in range(d):
-                        size[f] = 0.0
-                        has[f] = False
-                    for k in range(ptr[v], ptr[v + 1]):
-                        w = out_dst[k]
-                        if dev[w] == e:
-                            pending[w] -= 1
-                            if pending[w] == 0:
-                                _rpush(rh, rsz, e, w, prio)
-                        else:
-                            has[dev[w]] = True
-                            if out_b[k] > size[dev[w]]:
-                                size[dev[w]] = out_b[k]
-                    for f in range(d):
-                        if has[f]:
-                            dur = lat + size[f] / bw
-                            if pcie:
-                                s = max(t, max(send_free[e], recv_free[f]))
-                                send_free[e] = s + dur
-                                recv_free[f] = s + dur
-                            else:
-                                s = max(t, pair_free[e, f])
-                                pair_free[e, f] = s + dur
-                            xid[v, f] = nt
-                            ts[nt] = s
-                            te[nt] = s + dur
-                            tsz[nt] = size[f]
-                            nt += 1
-                            tb += size[f]
-                            esz = _epush(et, ety, eseq, ea, eb, esz, s + dur, 1, seq, v, f)
-                            seq += 1
-                else:
-                    v = a
-                    f = b
-                    dirty[f] = True
-                    for k in range(ptr[v], ptr[v + 1]):
-                        w = out_dst[k]
-                        if dev[w] == f:
-                            pending[w] -= 1
-                            if pending[w] == 0:
-                                _rpush(rh, rsz, f, w, prio)
-        mx = 0.0
-        for v in range(n):
-            if fin[v] < 0:
-                mx = np.inf  # a cycle: never finished
-                break
-            if fin[v] > mx:
-                mx = fin[v]
-        step[r] = mx
-        ntrans[r] = nt
-        tbytes[r] = tb
-        # memory: (time, delta, device) records, swept in time order; at one instant frees come before
-        # allocations, so a device's peak is read only at the end of each group of equal times
-        j = 0
-        for v in range(n):
-            e = dev[v]
-            for f in range(d):
-                cend[f] = -np.inf
-            for k in range(ptr[v], ptr[v + 1]):
-                w = out_dst[k]
-                if fin[w] > cend[dev[w]]:
-                    cend[dev[w]] = fin[w]
-            end = max(fin[v], cend[e])
-            for f in range(d):
-                x = xid[v, f]
-                if f != e and x >= 0:
-                    end = max(end, te[x])
-                    mt[j] = ts[x]
-                    md[j] = tsz[x]
-                    mdev[j] = f
-                    mt[j + 1] = cend[f]
-                    md[j + 1] = -tsz[x]
-                    mdev[j + 1] = f
-                    j += 2
-                    xid[v, f] = -1  # reset for the next placement
-            mt[j] = start[v]
-            md[j] = outb_node[v]
-            mdev[j] = e
-            mt[j + 1] = end
-            md[j + 1] = -outb_node[v]
-            mdev[j + 1] = e
-            j += 2
-        order = np.argsort(mt[:j])
-        cur[:] = 0.0
-        for e in range(d):
-            peak[r, e] = 0.0
-            busy_s[r, e] = 0.0
-        for i in range(j):
-            q = order[i]
-            cur[mdev[q]] += md[q]
-            if i == j - 1 or mt[order[i + 1]] != mt[q]:
-                for e in range(d):
-                    if cur[e] > peak[r, e]:
-                        peak[r, e] = cur[e]
-        for v in range(n):
-            peak[r, dev[v]] += resident[v]
-            busy_s[r, dev[v]] += compute[v]
+def simulate_batch(problem: PlacementProblem, placements, *, threads: int = 1) -> BatchResult:
+    """Simulate ``placements`` (``[K, n]`` or ``[n]``) of ``problem`` (module doc).
 
-
-def _rpush(rh, rsz, e, v, prio):
-    i = rsz[e]
-    rsz[e] += 1
-    rh[e, i] = v
-    while i > 0:
-        p = (i - 1) // 2
-        if prio[rh[e, p]] <= prio[rh[e, i]]:
-            break
-        rh[e, p], rh[e, i] = rh[e, i], rh[e, p]
-        i = p
-
-
-def _rpop(rh, rsz, e, prio):
-    top = rh[e, 0]
-    rsz[e] -= 1
-    s = rsz[e]
-    rh[e, 0] = rh[e, s]
-    i = 0
-    while True:
-        lft = 2 * i + 1
-        if lft >= s:
-            break
-        c = lft
-        if lft + 1 < s and prio[rh[e, lft + 1]] < prio[rh[e, lft]]:
-            c = lft + 1
-        if prio[rh[e, i]] <= prio[rh[e, c]]:
-            break
-        rh[e, c], rh[e, i] = rh[e, i], rh[e, c]
-        i = c
-    return top
-
-
-def _eless(et, ety, eseq, i, j):
-    if et[i] != et[j]:
-        return et[i] < et[j]
-    if ety[i] != ety[j]:
-        return ety[i] < ety[j]
-    return eseq[i] < eseq[j]
-
-
-def _eswap(et, ety, eseq, ea, eb, i, j):
-    et[i], et[j] = et[j], et[i]
-    ety[i], ety[j] = ety[j], ety[i]
-    eseq[i], eseq[j] = eseq[j], eseq[i]
-    ea[i], ea[j] = ea[j], ea[i]
-    eb[i], eb[j] = eb[j], eb[i]
-
-
-def _epush(et, ety, eseq, ea, eb, esz, t, typ, seq, a, b):
-    i = esz
-    et[i] = t
-    ety[i] = typ
-    eseq[i] = seq
-    ea[i] = a
-    eb[i] = b
-    while i > 0:
-        p = (i - 1) // 2
-        if not _eless(et, ety, eseq, i, p):
-            break
-        _eswap(et, ety, eseq, ea, eb, i, p)
-        i = p
-    return esz + 1
-
-
-def _epop(et, ety, eseq, ea, eb, esz):
-    t, typ, a, b = et[0], ety[0], ea[0], eb[0]
-    esz -= 1
-    if esz > 0:
-        _eswap(et, ety, eseq, ea, eb, 0, esz)
-        i = 0
-        while True:
-            lft = 2 * i + 1
-            if lft >= esz:
-                break
-            c = lft
-            if lft + 1 < esz and _eless(et, ety, eseq, lft + 1, lft):
-                c = lft + 1
-            if not _eless(et, ety, eseq, c, i):
-                break
-            _eswap(et, ety, eseq, ea, eb, c, i)
-            i = c
-    return t, typ, a, b, esz
-
-
-if numba is not None:
-    _rpush = numba.njit(cache=True)(_rpush)
-    _rpop = numba.njit(cache=True)(_rpop)
-    _eless = numba.njit(cache=True)(_eless)
-    _eswap = numba.njit(cache=True)(_eswap)
-    _epush = numba.njit(cache=True)(_epush)
-    _epop = numba.njit(cache=True)(_epop)
-    _kernel = numba.njit(cache=True)(_kernel)
-
-
-def simulate_batch(problem: PlacementProblem, placements) -> BatchResult:
-    """Simulate ``placements`` (``[K, n]`` or ``[n]``) of ``problem`` (module doc)."""
-    if numba is None:  # pragma: no cover
+    ``threads`` > 1 splits the batch into that many chunks run on numba's threads
+    (``numba.set_num_threads`` caps how many run at once); each placement's numbers are the same as with
+    one thread, bit for bit. The default stays on one core, since callers (Ray tasks, RLlib env runners)
+    are usually given one CPU each."""
+    if _k.numba is None:  # pragma: no cover
         raise ImportError("simulate_batch needs numba (pip install numba); simulate_reference does not")
+    if threads < 1:
+        raise ValueError(f"threads is {threads}, must be >= 1")
     P = check_placements(problem, placements)
     K, d = P.shape[0], problem.num_devices
     ptr, out_dst, out_b, indeg = problem.csr()
-    n = problem.num_nodes
-    node_max = np.zeros(n)
-    if problem.num_edges:
-        np.maximum.at(node_max, problem.src, problem.edge_bytes)
-    outb_node = np.maximum(problem.output_bytes, node_max)
+    in_ptr, in_src = problem.in_csr()
+    if problem.num_nodes >= 2**32 or d >= 2**16:
+        raise ValueError(f"{problem.num_nodes} ops on {d} devices: the simulator takes < 2**32 ops and "
+                         "< 2**16 devices")
+    # unsigned op and device ids: numba indexes with them without the negative-index wrap-around test
+    P16 = P.astype(np.uint16)
+    if problem._ids32 is None:  # cached: GDP's env simulates one placement a call
+        problem._ids32 = (out_dst.astype(np.uint32), in_src.astype(np.uint32))
+    out_dst, in_src = problem._ids32
     step = np.zeros(K)
     peak = np.zeros((K, d))
     busy = np.zeros((K, d))
     tbytes = np.zeros(K)
     ntrans = np.zeros(K, np.int64)
-    _kernel(P, problem.compute_s, problem.priority, ptr, out_dst, out_b, indeg, outb_node,
-            problem.resident_bytes, d, problem.interconnect == "pcie", float(problem.link_bytes_per_s),
-            float(problem.link_latency_s), step, peak, busy, tbytes, ntrans)
+    args = (P16, problem.compute_s, problem.priority, ptr, out_dst, out_b, in_ptr, in_src, indeg,
+            problem.output_buffer_bytes(), problem.resident_bytes, d, problem.interconnect == "pcie",
+            float(problem.link_bytes_per_s), float(problem.link_latency_s), step, peak, busy, tbytes, ntrans)
+    threads = min(threads, K)
+    if threads > 1:
+        _k.run_batch_parallel(*args, threads)
+    else:
+        _k.run_batch(*args)
     if np.isinf(step).any():
         raise ValueError("the graph has a cycle: some ops never became ready")
     coloc = coloc_violations(problem, P)
