@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _meta import command, git_state, machine  # noqa: E402
 
 # name: (preset, TMP widths (Table 2), expert {p, d, t} (Table 4), microbatches)
 WORKLOADS = {
@@ -65,6 +69,7 @@ def main() -> int:
     ap.add_argument("--ilp-time-limit", type=float, default=30.0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_tpuv4.json"))
     args = ap.parse_args()
+    load = os.getloadavg()
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:
         print(f"unknown workloads {sorted(unknown)}; known: {list(WORKLOADS)}", file=sys.stderr)
@@ -86,7 +91,9 @@ def main() -> int:
         print(f"\ngeomean archplace / expert on tpuv4: {geo:.2f}x over {len(ratios)} workloads "
               "(paper: Phaze solver on TPUv4 vs expert, implied 2.9/1.8 = 1.6x)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "phaze_tpuv4", "rows": rows}, indent=2, default=str))
+    Path(args.out).write_text(json.dumps({"benchmark": "phaze_tpuv4", **git_state(), "command": command(),
+                                          "machine": machine(load), "settings": vars(args), "rows": rows},
+                                         indent=2, default=str))
     print(f"wrote {args.out}")
     return 0
 

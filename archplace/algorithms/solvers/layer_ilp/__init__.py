@@ -102,7 +102,7 @@ from __future__ import annotations
 
 from .._settings import forward_settings
 from .cache import CACHE_MAX_ENTRIES as CACHE_MAX_ENTRIES
-from .cache import clear_schedule_cache, schedule_cache_key
+from .cache import clear_schedule_cache, effective_time_limit_s, schedule_cache_key
 from .cpsat import _CPSAT_REDUNDANT as _CPSAT_REDUNDANT
 from .cpsat import _CPSAT_SYMMETRY as _CPSAT_SYMMETRY
 from .cpsat import TIME_RESOLUTION_REL
@@ -130,7 +130,8 @@ from .solve import _trivial as _trivial
 # ``layer_ilp.X`` too: constants, the tunables and hooks forwarded below, internals the tests use
 __all__ = [
     "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
-    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "exhaustive_schedule",
+    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "effective_time_limit_s",
+    "exhaustive_schedule",
     "greedy_schedule", "layer_problems", "plan_layer_schedules", "schedule_cache_key", "schedule_layers",
     "sequential_schedule", "solve_layer",
 ]

@@ -94,11 +94,11 @@ def plan_layer_schedules(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int,
                          **settings: Any) -> LayerPlan:
     """The unique layer-slice ILP instances of a graph and which layer uses which. ``settings`` are
     the ``solve_layer`` options that enter the cache key (backend, time_limit_s, rel_gap, lazy,
-    decompose); others are ignored."""
+    decompose, large_time_limit_s, large_min_ops); others are ignored."""
     names = tuple(g.meta.get("layers", ()))
     L = len(names)
-    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose")
-                if k in settings}
+    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose",
+                                         "large_time_limit_s", "large_min_ops") if k in settings}
     keys = {"forward": [""] * L, "backward": [""] * L}
     seq = {"forward": np.zeros(L), "backward": np.zeros(L)}
     num_ops = {"forward": np.zeros(L, np.int64), "backward": np.zeros(L, np.int64)}
