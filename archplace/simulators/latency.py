@@ -8,9 +8,11 @@ Model, in cycles unless noted:
   the weights are cut into ``ceil(k/pe_x) · ceil(n/pe_y)`` tiles per batch; a tile streams its ``m``
   rows through the array. Weights are double-buffered, so the next tile's ``pe_x`` weight rows load
   while the current tile streams and tiles follow each other back to back: ``max(m, pe_x)`` cycles
-  a tile, plus one pipeline fill and drain (``pe_x + pe_y − 1``) per op. Tiles are shared out over
-  the cores; when there are fewer tiles than cores the rows ``m`` are split too. Partial tiles waste
-  their idle PEs (under-utilisation when dimensions do not divide).
+  a tile, plus one pipeline fill and drain (``pe_x + pe_y − 1``) per op. On all cores (ℓ̂) the cores
+  divide the batch, the rows or the output columns, whichever is fastest (``gemm_core_split``); never
+  the reduction dimension, which would need a cross-core reduction, so ℓ̂ stays above ℓ/num_tc where
+  the tiling leaves cores idle (few batch elements, rows and column tiles). Partial tiles waste their
+  idle PEs (under-utilisation when dimensions do not divide).
 - **Vector op**: ``ceil(vector_flops / lanes)`` plus a pipeline fill, one flop per lane per cycle.
 - **Fused op**: the GEMM on tensor cores and its vector part on the paired vector cores, pipelined:
   the slower of the two plus the vector pipeline fill.
@@ -135,13 +137,40 @@ class LatencyTable:
         return self.single_s @ counts
 
 
+CORE_SPLITS = ("B", "M", "N")  # the GEMM dimensions the cores may divide, in tie-break order
+
+
+def _split_cycles(b, m, n, k, pe_x, pe_y, cores) -> tuple:
+    """Array cycles (without the fill) of one core's share of a GEMM when ``cores`` cores divide the
+    batch ``B``, the rows ``M`` or the output columns ``N`` (in the order of ``CORE_SPLITS``).
+
+    Each core streams its rows through ``ceil(k/pe_x)·ceil(n/pe_y)`` weight tiles per batch element,
+    ``max(rows, pe_x)`` cycles a tile (fewer rows than ``pe_x`` cannot hide the next tile's weight
+    load). Only independent outputs are divided: splitting the reduction ``K`` over cores would need a
+    cross-core reduction the template has no path for, so a GEMM with few batch elements, rows and
+    column tiles (a GEMV on many cores) leaves cores idle. Works on numpy arrays and on numbers."""
+    kt, nt = np.ceil(k / pe_x), np.ceil(n / pe_y)
+    return (np.ceil(b / cores) * kt * nt * np.maximum(m, pe_x),
+            b * kt * nt * np.maximum(np.ceil(m / cores), pe_x),
+            b * kt * np.ceil(nt / cores) * np.maximum(m, pe_x))
+
+
+def gemm_core_split(acc: Accelerator, b: int, m: int, n: int, k: int, cores: int | None = None) -> str:
+    """Which GEMM dimension (``"B"``, ``"M"`` or ``"N"``) all ``cores`` (default ``acc.num_tc``) tensor
+    cores divide in the all-cores latency ℓ̂: the one with the fewest cycles per core, the earlier of
+    ``CORE_SPLITS`` on a tie. The ZigZag backend maps its cores the same way, so the two models
+    are compared under one mapping."""
+    c = acc.num_tc if cores is None else cores
+    cyc = _split_cycles(float(b), float(m), float(n), float(k), float(acc.pe_x), float(acc.pe_y), float(c))
+    return CORE_SPLITS[int(np.argmin([float(x) for x in cyc]))]
+
+
 def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray:
+    """Cycles of a GEMM on ``cores`` tensor cores: the best of dividing B, M or N (``_split_cycles``)
+    plus one pipeline fill and drain; with one core the three coincide."""
     b, m, n, k = (x[None, :] for x in (ops.b, ops.m, ops.n, ops.k))
-    tiles = b * np.ceil(k / a.pe_x) * np.ceil(n / a.pe_y)
-    per_core = np.ceil(tiles / cores)
-    split = np.maximum(1.0, np.floor(cores / np.maximum(tiles, 1.0)))
-    rows = np.ceil(m / split)
-    return per_core * np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1
+    by_b, by_m, by_n = _split_cycles(b, m, n, k, a.pe_x, a.pe_y, cores)
+    return np.minimum(np.minimum(by_b, by_m), by_n) + a.pe_x + a.pe_y - 1
 
 
 def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
