@@ -24,7 +24,8 @@ CACHE_MAX_ENTRIES = 4096
 def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
                        rel_gap: float = 0.0, lazy: bool = True, decompose: bool = True) -> str:
     """Content hash of the op kinds, ℓ and ℓ̂ bytes, edges, core counts and solver settings (op
-    names are ignored)."""
+    names are ignored); the bandwidth shares when the problem has them (a problem without shares,
+    the paper's model, keeps the key it always had)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(b"phaze-layer-ilp-v1")
     for a in (problem.kind.astype(np.int8), problem.latency_s.astype("<f8"),
@@ -32,6 +33,10 @@ def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit
               problem.edge_dst.astype("<i8")):
         h.update(np.int64(a.size).tobytes())
         h.update(np.ascontiguousarray(a).tobytes())
+    for tag, a in ((b"hbm_share", problem.hbm_share), (b"glb_share", problem.glb_share)):
+        if a is not None:
+            h.update(tag)
+            h.update(np.ascontiguousarray(a.astype("<f8")).tobytes())
     h.update(json.dumps([problem.num_tc, problem.num_vc, backend, float(time_limit_s), float(rel_gap),
                          bool(lazy), bool(decompose)]).encode())
     return h.hexdigest()

@@ -141,7 +141,9 @@ def _subproblem(problem: LayerProblem, idx: np.ndarray) -> LayerProblem:
     names = tuple(problem.names[i] for i in idx) if problem.names is not None else None
     return LayerProblem(problem.kind[idx], problem.latency_s[idx], problem.intra_latency_s[idx],
                         local[problem.edge_src[inside]], local[problem.edge_dst[inside]], problem.num_tc,
-                        problem.num_vc, names)
+                        problem.num_vc, names,
+                        None if problem.hbm_share is None else problem.hbm_share[idx],
+                        None if problem.glb_share is None else problem.glb_share[idx])
 
 
 def _solve_layer(problem: LayerProblem, backend: str, time_limit_s: float, rel_gap: float, lazy: bool,
