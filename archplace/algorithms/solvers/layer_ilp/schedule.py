@@ -29,7 +29,8 @@ class LayerSchedule:
 
     ``tc_core``/``vc_core`` are -1 for intra-op ops and for ops not of that type (0-based; fused ops
     have equal indices). ``gap`` is the proven relative gap ``1 − bound/makespan`` (0 when optimal,
-    NaN when no bound is known). ``lazy_rounds`` counts how many times z-constraints were added back.
+    NaN when no bound is known). ``lazy_rounds`` counts the rounds re-solved after z-constraints (or,
+    for HiGHS with bandwidth shares, bandwidth cuts) were added back.
     ``peak_hbm_share``/``peak_glb_share``: the largest summed share of the shared HBM / GLB bandwidth
     over the single-core ops running at one instant (``contention.py``); NaN when the problem has
     no shares of that resource (``peak_shares`` computes it for any share arrays).
