@@ -44,6 +44,7 @@ class PlaceRequest(Request):
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
+    contention: bool = True                      # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
@@ -54,6 +55,7 @@ class PlaceRequest(Request):
                 and all(is_number(h) and h > 0 for h in self.hbm_gb)):
             raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
         check_bool("sequential", self.sequential)
+        check_bool("contention", self.contention)
         if self.fixed is not None and self.expert is not None:
             raise InvalidRequest("{fixed} and {expert} exclude each other: give one strategy", "fixed",
                                  "expert")
@@ -123,7 +125,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     # model_throughput, one (microbatch, width) case at a time, so that progress and cancellation
     # reach between the layer-schedule solves
     kind = "sequential" if req.sequential else "ilp"
-    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s}
+    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
     common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,))

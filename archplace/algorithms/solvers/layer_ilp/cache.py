@@ -22,10 +22,12 @@ CACHE_MAX_ENTRIES = 4096
 
 
 def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
-                       rel_gap: float = 0.0, lazy: bool = True, decompose: bool = True) -> str:
+                       rel_gap: float = 0.0, lazy: bool = True, decompose: bool = True,
+                       contention: bool = True) -> str:
     """Content hash of the op kinds, ℓ and ℓ̂ bytes, edges, core counts and solver settings (op
     names are ignored); the bandwidth shares when the problem has them (a problem without shares,
-    the paper's model, keeps the key it always had)."""
+    the paper's model, keeps the key it always had). ``contention=False`` leaves the shares out:
+    ``solve_layer`` then solves the problem without them, so the key is that problem's."""
     h = hashlib.blake2b(digest_size=16)
     h.update(b"phaze-layer-ilp-v1")
     for a in (problem.kind.astype(np.int8), problem.latency_s.astype("<f8"),
@@ -34,7 +36,7 @@ def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit
         h.update(np.int64(a.size).tobytes())
         h.update(np.ascontiguousarray(a).tobytes())
     for tag, a in ((b"hbm_share", problem.hbm_share), (b"glb_share", problem.glb_share)):
-        if a is not None:
+        if a is not None and contention:
             h.update(tag)
             h.update(np.ascontiguousarray(a.astype("<f8")).tobytes())
     h.update(json.dumps([problem.num_tc, problem.num_vc, backend, float(time_limit_s), float(rel_gap),

@@ -58,7 +58,7 @@ def _run_warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int
 def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
                 rel_gap: float = 0.0, lazy: bool = True, *, decompose: bool = True,
                 num_workers: int | None = None, cache: bool = True,
-                cache_dir: str | Path | None = None) -> LayerSchedule:
+                cache_dir: str | Path | None = None, contention: bool = True) -> LayerSchedule:
     """Optimal (or time-limited best) schedule of one layer by Phaze's ILP.
 
     ``backend``: "cpsat" (OR-Tools CP-SAT, integer-scaled times) or "milp" (PuLP + HiGHS).
@@ -66,6 +66,8 @@ def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: flo
     gap target (0 = prove optimality). ``lazy`` applies Appendix A (z-variables only when needed).
     ``decompose`` solves the series segments of the DAG separately (exact; see ``_solve_layer``).
     ``num_workers``: CP-SAT search workers (default 8, CP-SAT's own default portfolio size).
+    ``contention``: respect the problem's shared-bandwidth shares (``contention.py``) when it has
+    them; False solves the paper's model (concurrent ops each get the full HBM/GLB bandwidth).
     Results are cached in memory (and under ``cache_dir`` when given) by ``schedule_cache_key``.
     """
     if backend not in BACKENDS:
@@ -74,6 +76,8 @@ def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: flo
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
     if not (rel_gap >= 0):
         raise ValueError(f"rel_gap must be >= 0, got {rel_gap}")
+    if not contention:
+        problem = problem.without_contention()
     key = schedule_cache_key(problem, backend=backend, time_limit_s=time_limit_s, rel_gap=rel_gap,
                              lazy=lazy, decompose=decompose) if cache else None
     if key is not None:
