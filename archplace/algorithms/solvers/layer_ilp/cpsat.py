@@ -209,6 +209,8 @@ def _cpsat_redundant(md: Any, problem: LayerProblem, spec: _Spec, li: np.ndarray
       intra-op op of any type demands K (it runs alone) and a non-intra op of that type 1 (implied
       by (10)–(16): ops sharing a core are ordered); and one no-overlap per core over intervals of
       size ℓ_i present iff ``z_ic`` (implied by (15)/(16) with (8); ``z_ic`` forces ``y_i = 0``).
+    - With bandwidth shares, an energy bound per resource on ``W`` (see below; implied by the
+      cumulatives of ``_cpsat_contention``).
     """
     n = spec.n
     # chain bound: intra-op intervals are disjoint from each other and from everything else, and
@@ -233,6 +235,14 @@ def _cpsat_redundant(md: Any, problem: LayerProblem, spec: _Spec, li: np.ndarray
         uses = problem.kind != (KIND_VC if name == "tc" else KIND_TC)
         if kk:
             md.add(kk * W >= sum(int(li[i]) - int(li[i]) * y[i] for i in np.flatnonzero(uses).tolist()))
+    # shared-bandwidth energy: outside intra-op time the single-core ops' demand-weighted time fits
+    # under the capacity, Q·W >= Σ (1 - y_i) ℓ_i d_i per resource (implied by the cumulatives)
+    if problem.has_contention:
+        dem = demands(problem)
+        for r in range(dem.shape[0]):
+            if dem[r].any():
+                md.add(SHARE_QUANTUM * W >= sum(int(li[i]) * int(dem[r, i]) * (1 - y[i])
+                                                for i in np.flatnonzero(dem[r]).tolist()))
     iv1: dict[int, Any] = {}
     iv0: dict[int, Any] = {}
     for i in range(n):
