@@ -150,7 +150,7 @@ def test_e_f_cpsat_milp_and_exhaustive_agree(seed):
     for backend in ("cpsat", "milp"):
         s = solve_layer(p, backend=backend, cache=False, num_workers=2)
         check_schedule(p, s)
-        assert s.status == "optimal" and close(s.makespan_s, ref.makespan_s), (backend, s.makespan_s,
+        assert s.status in ("optimal", "trivial") and close(s.makespan_s, ref.makespan_s), (backend, s.makespan_s,
                                                                                 ref.makespan_s)
     g = greedy_schedule(p)
     check_schedule(p, g)

@@ -89,6 +89,8 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_ga
                 md.add(z["tc"][i, c] == z["vc"][i, c])
     if problem.has_contention:
         _cpsat_contention(md, problem, t, y, li)
+        for i, j in spec.share_pairs.tolist():  # implied by the cumulatives; helps propagation
+            md.add_bool_or([x[i, j], x[j, i]])
     if z and _CPSAT_SYMMETRY:
         _cpsat_symmetry(md, problem, spec, z)
     if _CPSAT_REDUNDANT:
