@@ -201,7 +201,8 @@ class LayerProblem:
         for f, a in (("single_s", single_s), ("all_s", all_s), ("hbm_share", hbm_share),
                      ("glb_share", glb_share)):
             if a is not None and np.shape(a) != (n,):
-                raise ValueError(f"{f} has shape {np.shape(a)}, expected ({n},): one value per graph row")
+                what = "latency" if f.endswith("_s") else "share"
+                raise ValueError(f"{f} has shape {np.shape(a)}, expected ({n},): one {what} per graph row")
         src, dst = sub.edge_pos
         return _problem_from_rows(sub.nodes["core"], sub.nodes["name"], src, dst, single_s, all_s,
                                   num_tc, num_vc, sub.topo_order(), hbm_share, glb_share)
