@@ -157,7 +157,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         for res in get(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
             for r in res:
                 makespan[r["key"]] = r["makespan_s"]
-                answer[r["key"]] = {"status": r["status"], "gap": r.get("gap")}
+                answer[r["key"]] = {"status": r["status"], "gap": r.get("gap"),  # peaks: None from the cache
+                                    "peak_hbm_share": r.get("peak_hbm_share"),
+                                    "peak_glb_share": r.get("peak_glb_share")}
                 if r["solved"]:
                     solved[r["key"]] = [r["makespan_s"], r["status"], r.get("gap")]
                     solve_s += r["solve_time_s"]
