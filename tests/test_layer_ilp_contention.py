@@ -150,8 +150,8 @@ def test_e_f_cpsat_milp_and_exhaustive_agree(seed):
     for backend in ("cpsat", "milp"):
         s = solve_layer(p, backend=backend, cache=False, num_workers=2)
         check_schedule(p, s)
-        assert s.status in ("optimal", "trivial") and close(s.makespan_s, ref.makespan_s), (backend, s.makespan_s,
-                                                                                ref.makespan_s)
+        assert s.status in ("optimal", "trivial"), backend
+        assert close(s.makespan_s, ref.makespan_s), (backend, s.makespan_s, ref.makespan_s)
     g = greedy_schedule(p)
     check_schedule(p, g)
     assert g.makespan_s >= ref.makespan_s - 1e-9
@@ -219,9 +219,10 @@ def test_h_shares_in_unit_interval_and_gemm_closed_form():
     assert comp["latency_s"][0, 0] == pytest.approx(8803 / 1.05e9)
     assert comp["glb_words"][0, 0] == 3_670_016
     h, gl = bandwidth_shares(arch, comp)
-    assert h[0, 0] == pytest.approx(4194304 / 1.2e12 / (8803 / 1.05e9)) and h[0, 0] == pytest.approx(0.416905,
-                                                                                                      abs=1e-6)
-    assert gl[0, 0] == pytest.approx(3670016 / (4096 * 8803)) and gl[0, 0] == pytest.approx(0.101784, abs=1e-6)
+    assert h[0, 0] == pytest.approx(4194304 / 1.2e12 / (8803 / 1.05e9))
+    assert h[0, 0] == pytest.approx(0.416905, abs=1e-6)
+    assert gl[0, 0] == pytest.approx(3670016 / (4096 * 8803))
+    assert gl[0, 0] == pytest.approx(0.101784, abs=1e-6)
 
 
 # ---------------------------------------------------------------- (i) the CLI flag
@@ -239,7 +240,8 @@ def test_i_no_contention_flag_reaches_the_solver(capsys, monkeypatch, flag):
 
     monkeypatch.setattr(planning, "solve_layer", fake_solve)
     argv = ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8", "--global-batch", "8",
-            "--seq", "128", "--hbm", "32", "--fixed", "1,8,1", "--json"] + (["--no-contention"] if flag else [])
+            "--seq", "128", "--hbm", "32", "--fixed", "1,8,1", "--json"]
+    argv += ["--no-contention"] if flag else []
     assert cli.main(argv) == 0
     json.loads(capsys.readouterr().out)
     assert seen and all(s == (False, False) if flag else s == (True, True) for s in seen)

@@ -44,7 +44,8 @@ class PlaceRequest(Request):
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
-    contention: bool = True                      # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
+    # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
+    contention: bool = True
 
     def validate(self) -> None:
         check_model(self.model, files=False)

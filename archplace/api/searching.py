@@ -49,7 +49,8 @@ class SearchRequest(Request):
     seq: int | None = None
     tmp_widths: tuple[int, ...] | None = None   # TMP widths for every model (None: each model's own)
     ilp_time_limit_s: float = 5.0           # per layer ILP
-    contention: bool = True                 # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
+    # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
+    contention: bool = True
     space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
     hysteresis: int = 6
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)

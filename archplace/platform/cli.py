@@ -672,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # request fields whose flag is not "--" + the field with "-" for "_"
 FLAGS = {"model": "MODEL", "models": "MODEL", "file": "FILE", "out_dir": "--out", "hbm_gb": "--hbm",
-         "ilp_time_limit_s": "--ilp-time-limit", "contention": "--no-contention", "time_limit_s": "--time-limit",
+         "ilp_time_limit_s": "--ilp-time-limit", "contention": "--no-contention",
+         "time_limit_s": "--time-limit",
          "wait_timeout_s": "--wait-timeout", "area_bucket_mm2": "--area-bucket"}
 
 

@@ -124,6 +124,7 @@ from __future__ import annotations
 from .._settings import forward_settings
 from .cache import CACHE_MAX_ENTRIES as CACHE_MAX_ENTRIES
 from .cache import clear_schedule_cache, schedule_cache_key
+from .contention import SHARE_QUANTUM as SHARE_QUANTUM
 from .cpsat import _CPSAT_REDUNDANT as _CPSAT_REDUNDANT
 from .cpsat import _CPSAT_SYMMETRY as _CPSAT_SYMMETRY
 from .cpsat import TIME_RESOLUTION_REL
@@ -137,7 +138,6 @@ from .planning import LayerPlan, layer_problems, plan_layer_schedules, schedule_
 from .problem import CORE_TO_KIND, KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 from .problem import KIND_NAMES as KIND_NAMES
 from .schedule import STATUSES as STATUSES
-from .contention import SHARE_QUANTUM as SHARE_QUANTUM
 from .schedule import LayerSchedule, check_schedule, peak_shares
 from .solve import BACKENDS, solve_layer
 from .solve import QUICK_ATTEMPT_S as QUICK_ATTEMPT_S

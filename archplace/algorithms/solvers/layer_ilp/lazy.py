@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cpsat import _solve_cpsat
 from .contention import demands, overloaded_sets
+from .cpsat import _solve_cpsat
 from .heuristics import _repair
 from .model import _build_spec, _Raw, _Spec
 from .problem import LayerProblem
@@ -40,7 +40,7 @@ class _LazyState:
 
     z_types: dict[str, bool]  # "tc" / "vc": whether that core type's z-variables are in the model
     hint: LayerSchedule  # the best valid schedule known (heuristic, warm start or repaired round)
-    lazy_rounds: int = 0  # rounds re-solved after adding z-variables or bandwidth cuts (``LayerSchedule.lazy_rounds``)
+    lazy_rounds: int = 0  # rounds re-solved after adding z-variables or bandwidth cuts (LayerSchedule's)
     bound_s: float = float("nan")  # best proven lower bound on the makespan, seconds; NaN: none yet
     solver: str = ""  # name of the backend that answered the last round
     share_cuts: list = field(default_factory=list)  # op sets of the HiGHS bandwidth cuts so far
