@@ -85,7 +85,8 @@ class PlaceResult(Result):
     timing_s: dict[str, float]      # graph_s, estimate_s, ilp_s, dp_s
     ilp: dict[str, Any]             # unique_solved, cache_hits, status_counts, worst_gap, gap_unknown,
     #                                 worst_slice, slices (per distinct layer slice: pass, layers, status,
-    #                                 gap, solver, microbatch, tmp); empty counts for sequential schedules
+    #                                 gap, solver, peak shares, microbatch, tmp), contention and the
+    #                                 peak HBM/GLB shares; empty counts for sequential schedules
     configs: list[dict[str, Any]]   # the best placement per (microbatch, HBM, recomputation)
     area_mm2: float
     accelerators: int
@@ -154,6 +155,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
                        f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
     timing["dp_s"] = time.perf_counter() - t0
     stats.update(slice_summary(stats.get("slices", [])))
+    if not req.sequential:
+        stats["contention"] = req.contention
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"

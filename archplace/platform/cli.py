@@ -196,6 +196,11 @@ def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
     n = sum(counts.values())
     print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; {_gap_text(ilp)}")
+    if ilp.get("contention") is False:
+        print("  bandwidth    the paper's model: concurrent ops each get the full HBM/GLB bandwidth")
+    elif ilp.get("peak_hbm_share") is not None:
+        print(f"  bandwidth    shared; peak summed share HBM {ilp['peak_hbm_share']:.2f}, "
+              f"GLB {ilp.get('peak_glb_share') or 0.0:.2f}")
 
 
 def print_place(res: dict[str, Any]) -> None:

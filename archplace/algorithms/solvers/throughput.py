@@ -74,7 +74,9 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
 def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
     """``status_counts`` (slices per solver status), ``worst_gap`` (the largest proven relative gap,
     0.0 when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not
-    proven optimal whose gap is unknown) and ``worst_slice`` (the entry with the worst gap)."""
+    proven optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
+    ``peak_hbm_share``/``peak_glb_share`` (the largest peak summed bandwidth share over the slices
+    that report one; None when none does, e.g. the paper's model without contention)."""
     counts: dict[str, int] = {}
     worst, worst_slice, unknown = None, None, 0
     for e in slices:
@@ -88,8 +90,10 @@ def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
             worst, worst_slice = g, e
     if worst is None and slices and not unknown:
         worst = 0.0
+    peaks = {f: max((e[f] for e in slices if e.get(f) is not None), default=None)
+             for f in ("peak_hbm_share", "peak_glb_share")}
     return {"status_counts": counts, "worst_gap": worst, "gap_unknown": unknown,
-            "worst_slice": worst_slice}
+            "worst_slice": worst_slice, **peaks}
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
