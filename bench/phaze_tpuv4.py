@@ -67,6 +67,8 @@ def main() -> int:
     ap.add_argument("--devices", type=int, default=1024)
     ap.add_argument("--global-batch", type=int, default=4096)
     ap.add_argument("--ilp-time-limit", type=float, default=30.0)
+    ap.add_argument("--no-contention", action="store_true",
+                    help="the paper's model: concurrently running ops each get the full HBM/GLB bandwidth")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_tpuv4.json"))
     args = ap.parse_args()
     load = os.getloadavg()
@@ -78,7 +80,8 @@ def main() -> int:
     print(f"{'workload':14s} {'expert {p,d,t}':>15s} {'expert/s':>10s} {'archplace/s':>11s} {'ratio':>6s} "
           f"{'placement':>22s} {'ILP gain':>8s} {'time s':>7s}")
     for name in args.workloads:
-        r = run(name, args.devices, args.global_batch, time_limit_s=args.ilp_time_limit)
+        r = run(name, args.devices, args.global_batch, time_limit_s=args.ilp_time_limit,
+                contention=not args.no_contention)
         rows.append(r)
         pl = r["archplace_placement"]
         where = (f"p{pl['p']} d{pl['d']} t{pl['t']} mb{pl['microbatch']}" if "p" in pl else "infeasible")

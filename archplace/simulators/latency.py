@@ -26,6 +26,16 @@ Model, in cycles unless noted:
   plus the element-wise sums on the vector cores.
 - shape-only ops cost nothing.
 
+**Bandwidth shares** (``bandwidth_shares``): the layer ILP's contention model needs, per op in
+single-core mode, the fraction of each *shared* bandwidth the op draws while it runs for its latency
+ℓ: ``hbm_share = hbm_s / ℓ`` and ``glb_share = glb_words / (glb_bw · clock · ℓ)`` with ``glb_bw``
+the whole GLB's words/cycle (the all-cores port; one core's port is at most that, which is why the
+share of a single-core op can be below 1 even when its GLB port is its bottleneck). Both lie in
+[0, 1] by construction (ℓ ≥ the HBM time and ≥ the one-core GLB time ≥ ``glb_words / glb_bw``);
+shape-only ops draw 0. The AllReduce is charged no GLB time by this model (its sums read the
+operands the ring delivers), so its GLB share is 0. Intra-op ops (ℓ̂) never overlap anything (the
+ILP's constraint (9)), so only single-core shares are computed.
+
 Ops are deduplicated first (identical transformer blocks repeat the same few dozen ops), so the
 work is (architectures × unique ops) array arithmetic with no Python loop over either.
 """
@@ -121,15 +131,27 @@ class UniqueOps:
 
 @dataclass(frozen=True)
 class LatencyTable:
-    """Latencies in seconds, shape (architectures, unique ops); ``inverse`` maps graph rows."""
+    """Latencies in seconds, shape (architectures, unique ops); ``inverse`` maps graph rows.
+
+    ``hbm_share``/``glb_share`` (same shape, in [0, 1]): the single-core op's fraction of the
+    shared HBM / GLB bandwidth while it runs (module docstring); only single-core shares exist
+    because an intra-op op never overlaps another op."""
 
     single_s: np.ndarray
     all_s: np.ndarray
     inverse: np.ndarray
+    hbm_share: np.ndarray | None = None
+    glb_share: np.ndarray | None = None
 
     def for_arch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(ℓ, ℓ̂) for every row of the graph on architecture ``i``."""
         return self.single_s[i, self.inverse], self.all_s[i, self.inverse]
+
+    def shares_for_arch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hbm_share, glb_share) for every row of the graph on architecture ``i``."""
+        if self.hbm_share is None or self.glb_share is None:
+            raise ValueError("this LatencyTable has no bandwidth shares")
+        return self.hbm_share[i, self.inverse], self.glb_share[i, self.inverse]
 
     def total_sequential_s(self) -> np.ndarray:
         """Sum of single-core latencies of all rows, per architecture (a sequential schedule)."""
@@ -176,7 +198,8 @@ def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray
 def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
                        all_cores: bool) -> dict[str, np.ndarray]:
     """The model's terms, each (A, U): ``gemm_cycles``, ``vector_cycles``, ``glb_cycles``,
-    ``hbm_s`` and ``latency_s`` (how they combine: module docstring)."""
+    ``glb_words`` (words moved between GLB and cores; 0 for the AllReduce, which is charged no GLB
+    time, and for shape-only ops), ``hbm_s`` and ``latency_s`` (how they combine: module docstring)."""
     one = np.ones_like(a.num_tc)
     tc = a.num_tc if all_cores else one
     vc = a.num_vc if all_cores else one
@@ -209,8 +232,34 @@ def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
     ring_s = 2.0 * (tmp - 1) / tmp * (ops.hbm_bytes[None, :] / 2) / link_bw  # hbm_bytes = in + out
     lat = np.where(is_c, np.maximum(ring_s + vec / a.clock_hz, hbm_s) + launch, lat)
     lat = np.where(core == 0, 0.0, lat)
-    return {"gemm_cycles": gemm, "vector_cycles": vec, "glb_cycles": glb, "hbm_s": hbm_s,
-            "latency_s": lat}
+    glb_words = np.where(is_c | (core == 0), 0.0, glb_words)
+    return {"gemm_cycles": gemm, "vector_cycles": vec, "glb_cycles": glb, "glb_words": glb_words,
+            "hbm_s": hbm_s, "latency_s": lat}
+
+
+SHARE_TOL = 1e-9  # relative slack allowed above 1 before ``bandwidth_shares`` calls it a bug
+
+
+def bandwidth_shares(a: ArchArrays, comp: dict[str, np.ndarray], latency_s: np.ndarray | None = None,
+                     cap_glb: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(hbm_share, glb_share), each (A, U), of single-core ops from their ``latency_components``
+    (``all_cores=False``): ``hbm_s / ℓ`` and ``glb_words / (glb_bw · clock · ℓ)``, 0 where ℓ = 0.
+
+    ``latency_s`` replaces the analytical ℓ (the zigzag backend's GEMM latencies). Shares above 1
+    beyond ``SHARE_TOL`` raise ``AssertionError`` (ℓ bounds both terms by construction), except the
+    GLB share when ``cap_glb``: ZigZag's mapper may find more GLB reuse than the analytical count of
+    ``glb_words``, so over a ZigZag latency that count can exceed the whole GLB's bandwidth; such an
+    op is taken to saturate the GLB (share 1)."""
+    lat = comp["latency_s"] if latency_s is None else latency_s
+    pos = lat > 0
+    safe = np.where(pos, lat, 1.0)
+    hbm = np.where(pos, comp["hbm_s"] / safe, 0.0)
+    glb = np.where(pos, comp["glb_words"] / (a.glb_bw * a.clock_hz * safe), 0.0)
+    for name, x, capped in (("hbm_share", hbm, False), ("glb_share", glb, cap_glb)):
+        if not capped and x.size and float(x.max()) > 1.0 + SHARE_TOL:
+            raise AssertionError(f"{name} {float(x.max())} > 1: the latency model no longer bounds "
+                                 "the op's traffic")
+    return np.clip(hbm, 0.0, 1.0), np.clip(glb, 0.0, 1.0)
 
 
 def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
@@ -220,9 +269,10 @@ def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
         archs = ArchArrays.from_accelerators(list(archs))
     ops = UniqueOps.from_graph(g)
     tmp = int(g.meta.get("tmp", 1) or 1)
-    single = latency_components(archs, ops, link_bw, tmp, all_cores=False)["latency_s"]
+    comp = latency_components(archs, ops, link_bw, tmp, all_cores=False)
     every = latency_components(archs, ops, link_bw, tmp, all_cores=True)["latency_s"]
-    return LatencyTable(single, every, ops.inverse)
+    hbm, glb = bandwidth_shares(archs, comp)
+    return LatencyTable(comp["latency_s"], every, ops.inverse, hbm, glb)
 
 
 def standalone_gemm_latency_s(acc: Accelerator, dims: tuple[int, int, int, int], all_cores: bool = False,

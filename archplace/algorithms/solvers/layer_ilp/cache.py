@@ -38,10 +38,14 @@ def effective_time_limit_s(num_ops: int, time_limit_s: float, large_time_limit_s
 
 def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
                        rel_gap: float = 0.0, lazy: bool = True, decompose: bool = True,
-                       large_time_limit_s: float | None = None, large_min_ops: int = 40) -> str:
+                       contention: bool = True, large_time_limit_s: float | None = None,
+                       large_min_ops: int = 40) -> str:
     """Content hash of the op kinds, ℓ and ℓ̂ bytes, edges, core counts and solver settings (op
-    names are ignored). The time limit in the key is the one this slice gets
-    (``effective_time_limit_s``), so a small slice shares its entry whatever the large-slice rule."""
+    names are ignored); the bandwidth shares when the problem has them (a problem without shares,
+    the paper's model, keeps the key it always had). ``contention=False`` leaves the shares out:
+    ``solve_layer`` then solves the problem without them, so the key is that problem's. The time
+    limit in the key is the one this slice gets (``effective_time_limit_s``), so a small slice shares
+    its entry whatever the large-slice rule."""
     time_limit_s = effective_time_limit_s(problem.num_ops, time_limit_s, large_time_limit_s, large_min_ops)
     h = hashlib.blake2b(digest_size=16)
     h.update(b"phaze-layer-ilp-v1")
@@ -50,6 +54,10 @@ def schedule_cache_key(problem: LayerProblem, backend: str = "cpsat", time_limit
               problem.edge_dst.astype("<i8")):
         h.update(np.int64(a.size).tobytes())
         h.update(np.ascontiguousarray(a).tobytes())
+    for tag, a in ((b"hbm_share", problem.hbm_share), (b"glb_share", problem.glb_share)):
+        if a is not None and contention:
+            h.update(tag)
+            h.update(np.ascontiguousarray(a.astype("<f8")).tobytes())
     h.update(json.dumps([problem.num_tc, problem.num_vc, backend, float(time_limit_s), float(rel_gap),
                          bool(lazy), bool(decompose)]).encode())
     return h.hexdigest()
