@@ -180,7 +180,8 @@ def main() -> int:
         e = s["all_cores_efficiency"]
         zz = (f", ZigZag median {e['zigzag_median']:.3f} (p10 {e['zigzag_p10']:.3f})" if "zigzag_median" in e
               else "")
-        print(f"all-core parallel efficiency l/(num_tc*l^) over {e['pairs']} pairs with num_tc > 1: analytical "
+        print(f"all-core parallel efficiency l/(num_tc*l^) over {e['pairs']} pairs with num_tc > 1: "
+              f"analytical "
               f"median {e['analytical_median']:.3f} (p10 {e['analytical_p10']:.3f}){zz}; "
               f"{e['below_90pct_analytical']} pairs below 0.9")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -85,7 +85,8 @@ def run(name: str, contention: bool, args) -> dict:
             "worst_gap": max(gaps) if gaps else None,
             "gap_unknown": sum(1 for s in slices if s.get("gap") is None and s["status"] != "trivial"),
             # measured on the slices solved in this run (None under the paper's model: no shares)
-            "peak_hbm_share": _peak(slices, "peak_hbm_share"), "peak_glb_share": _peak(slices, "peak_glb_share"),
+            "peak_hbm_share": _peak(slices, "peak_hbm_share"),
+            "peak_glb_share": _peak(slices, "peak_glb_share"),
             "slice_details": slices, "timing_s": dict(timing, total_s=time.perf_counter() - t0)}
 
 

@@ -2,8 +2,9 @@
 
 (a)-(d) hand-computed instances (values derived in the comments) for every method; (e) CP-SAT equals
 the exhaustive enumeration on 20 seeded random tiny DAGs with random shares (the bandwidth binds, i.e.
-raises the optimum, on 16 of them; 3 have a zero-length op); (f) HiGHS equals CP-SAT on them; (g) a real bert-large backward slice; (h) the shares of the latency model; (i) the CLI's
-``--no-contention`` reaches the solver.
+raises the optimum, on 16 of them; 3 have a zero-length op); (f) HiGHS equals CP-SAT on them; (g) a
+real bert-large backward slice; (h) the shares of the latency model; (i) the CLI's ``--no-contention``
+reaches the solver.
 """
 
 import json

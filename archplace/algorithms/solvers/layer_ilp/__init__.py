@@ -152,8 +152,8 @@ from .solve import _trivial as _trivial
 # ``layer_ilp.X`` too: constants, the tunables and hooks forwarded below, internals the tests use
 __all__ = [
     "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
-    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "effective_time_limit_s",
-    "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares", "plan_layer_schedules",
+    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache",
+    "effective_time_limit_s", "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares", "plan_layer_schedules",
     "schedule_cache_key", "schedule_layers", "sequential_schedule", "solve_layer",
 ]
 

@@ -29,7 +29,8 @@ def effective_time_limit_s(num_ops: int, time_limit_s: float, large_time_limit_s
     second, so a longer limit only for the large ones buys the gap back at little cost."""
     if large_time_limit_s is not None and not large_time_limit_s > 0:
         raise ValueError(f"large_time_limit_s must be > 0, got {large_time_limit_s}")
-    if isinstance(large_min_ops, bool) or not isinstance(large_min_ops, int | np.integer) or large_min_ops < 1:
+    if isinstance(large_min_ops, bool) or not isinstance(large_min_ops, int | np.integer) \
+            or large_min_ops < 1:
         raise ValueError(f"large_min_ops must be an integer >= 1, got {large_min_ops!r}")
     if large_time_limit_s is not None and num_ops >= large_min_ops:
         return float(large_time_limit_s)
