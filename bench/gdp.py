@@ -53,7 +53,8 @@ POLICY = {"gdp-noatt": {"attention": False}}
 # the simulator, graphs and machines every method's runs import (traced with sys.modules), not the whole
 # simulators/hardware packages: a change to the Phaze cost model or its presets does not touch a placement
 _CORE = ("archplace.simulators.gpu_placement", "archplace.simulators.gpu_placement_kernel",
-         "archplace.workloads", "archplace.hardware.gpu_machines", "archplace.hardware.accelerator", "archplace.hardware.constants")
+         "archplace.workloads", "archplace.hardware.gpu_machines", "archplace.hardware.accelerator",
+         "archplace.hardware.constants")
 _GDP = ("archplace.algorithms.rl.gdp_env", "archplace.algorithms.rl.gdp_ppo",
         "archplace.algorithms.rl.gdp_module", "archplace.algorithms.rl.gdp_policy",
         "archplace.algorithms.rl.gnn_module", "archplace.algorithms.rl.callbacks")

@@ -153,8 +153,8 @@ from .solve import _trivial as _trivial
 __all__ = [
     "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
     "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache",
-    "effective_time_limit_s", "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares", "plan_layer_schedules",
-    "schedule_cache_key", "schedule_layers", "sequential_schedule", "solve_layer",
+    "effective_time_limit_s", "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares",
+    "plan_layer_schedules", "schedule_cache_key", "schedule_layers", "sequential_schedule", "solve_layer",
 ]
 
 # knobs and hooks that tests and benchmarks set on the package (see ``solvers._settings``)
