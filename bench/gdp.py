@@ -50,7 +50,11 @@ LEARNED = ("gdp-one", "hdp", "gdp-noatt")
 # same depth (gdp_policy's ``attention=False``), same PPO, reward and budget
 POLICY = {"gdp-noatt": {"attention": False}}
 # the code each method's runs depend on (cache keys): adding or changing one method keeps the others
-_CORE = ("archplace.simulators", "archplace.workloads", "archplace.hardware")
+# the simulator, graphs and machines every method's runs import (traced with sys.modules), not the whole
+# simulators/hardware packages: a change to the Phaze cost model or its presets does not touch a placement
+_CORE = ("archplace.simulators.gpu_placement", "archplace.simulators.gpu_placement_kernel",
+         "archplace.workloads", "archplace.hardware.gpu_machines", "archplace.hardware.accelerator",
+         "archplace.hardware.constants")
 _GDP = ("archplace.algorithms.rl.gdp_env", "archplace.algorithms.rl.gdp_ppo",
         "archplace.algorithms.rl.gdp_module", "archplace.algorithms.rl.gdp_policy",
         "archplace.algorithms.rl.gnn_module", "archplace.algorithms.rl.callbacks")

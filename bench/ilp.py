@@ -45,12 +45,15 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=25.0)
     ap.add_argument("--rel-gap", type=float, default=0.0)
     ap.add_argument("--workers", type=int, default=None, help="CP-SAT workers (default: layer_ilp's)")
+    ap.add_argument("--no-contention", action="store_true",
+                    help="the paper's model: concurrently running ops each get the full HBM/GLB bandwidth")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ilp.json"))
     args = ap.parse_args()
 
     # warm up: the first CP-SAT call pays for importing OR-Tools
     L.solve_layer(L.LayerProblem([0, 0], [2.0, 2.0], [1.5, 1.5], [], [], 2, 1), cache=False)
-    settings = {"backend": "cpsat", "time_limit_s": args.time_limit, "rel_gap": args.rel_gap}
+    settings = {"backend": "cpsat", "time_limit_s": args.time_limit, "rel_gap": args.rel_gap,
+                "contention": not args.no_contention}
     if args.workers:
         settings["num_workers"] = args.workers
     rows, configs = [], []
@@ -67,7 +70,8 @@ def main() -> int:
             t_build = time.perf_counter() - t
             L.clear_schedule_cache()
             t = time.perf_counter()
-            res = L.schedule_layers(g, est.single_s, est.all_s, TPUV4.num_tc, TPUV4.num_vc, **settings)
+            res = L.schedule_layers(g, est.single_s, est.all_s, TPUV4.num_tc, TPUV4.num_vc, est.hbm_share,
+                                    est.glb_share, **settings)
             t_all = time.perf_counter() - t
             names = res["layers"]
             for pas in ("forward", "backward"):

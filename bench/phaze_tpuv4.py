@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _meta import command, git_state, machine  # noqa: E402
 
 # name: (preset, TMP widths (Table 2), expert {p, d, t} (Table 4), microbatches)
 WORKLOADS = {
@@ -63,8 +67,11 @@ def main() -> int:
     ap.add_argument("--devices", type=int, default=1024)
     ap.add_argument("--global-batch", type=int, default=4096)
     ap.add_argument("--ilp-time-limit", type=float, default=30.0)
+    ap.add_argument("--no-contention", action="store_true",
+                    help="the paper's model: concurrently running ops each get the full HBM/GLB bandwidth")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_tpuv4.json"))
     args = ap.parse_args()
+    load = os.getloadavg()
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:
         print(f"unknown workloads {sorted(unknown)}; known: {list(WORKLOADS)}", file=sys.stderr)
@@ -73,7 +80,8 @@ def main() -> int:
     print(f"{'workload':14s} {'expert {p,d,t}':>15s} {'expert/s':>10s} {'archplace/s':>11s} {'ratio':>6s} "
           f"{'placement':>22s} {'ILP gain':>8s} {'time s':>7s}")
     for name in args.workloads:
-        r = run(name, args.devices, args.global_batch, time_limit_s=args.ilp_time_limit)
+        r = run(name, args.devices, args.global_batch, time_limit_s=args.ilp_time_limit,
+                contention=not args.no_contention)
         rows.append(r)
         pl = r["archplace_placement"]
         where = (f"p{pl['p']} d{pl['d']} t{pl['t']} mb{pl['microbatch']}" if "p" in pl else "infeasible")
@@ -86,7 +94,9 @@ def main() -> int:
         print(f"\ngeomean archplace / expert on tpuv4: {geo:.2f}x over {len(ratios)} workloads "
               "(paper: Phaze solver on TPUv4 vs expert, implied 2.9/1.8 = 1.6x)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "phaze_tpuv4", "rows": rows}, indent=2, default=str))
+    Path(args.out).write_text(json.dumps({"benchmark": "phaze_tpuv4", **git_state(), "command": command(),
+                                          "machine": machine(load), "settings": vars(args), "rows": rows},
+                                         indent=2, default=str))
     print(f"wrote {args.out}")
     return 0
 

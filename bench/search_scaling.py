@@ -47,7 +47,8 @@ def in_process(settings, budget: int) -> dict:
             layers, _, _ = prepare_layers(m, acc, settings.microbatches, settings.widths(m),
                                           settings.num_devices, settings.global_batch, settings.optimizer,
                                           settings.link_bw_bytes_per_s, settings.seq,
-                                          time_limit_s=settings.ilp_time_limit_s, num_workers=1)
+                                          time_limit_s=settings.ilp_time_limit_s, num_workers=1,
+                                          contention=settings.contention)
             best, _ = sweep(layers["ilp"], settings.num_devices, settings.global_batch, settings.hbm_gb,
                             settings.recompute, settings.link_bw_bytes_per_s)
             vals.append(best.throughput if best.feasible else 0.0)

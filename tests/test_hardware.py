@@ -127,6 +127,10 @@ def test_space_yaml_errors(tmp_path):
 
 def test_presets():
     assert preset_accelerator("tpuv4") is TPUV4 and TPUV4.hbm_gb == 32
+    pc = preset_accelerator("phaze-common")  # paper Table 2 / Section 6.1
+    assert (pc.num_tc, pc.num_vc, pc.pe_x, pc.pe_y, pc.pe_vc, pc.glb_mb, pc.glb_bw, pc.hbm_gb) == \
+        (2, 512, 256, 256, 256, 32.0, 4096, 64.0)
+    assert pc.num_tc * pc.pe_x * pc.pe_y == TPUV4.num_tc * TPUV4.pe_x * TPUV4.pe_y == 131_072  # equal MACs
     with pytest.raises(ValueError, match="unknown accelerator preset 'tpu9'"):
         preset_accelerator("tpu9")
     for cfg, servers in (("A", 2), ("B", 3), ("C", 4)):

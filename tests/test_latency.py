@@ -8,7 +8,7 @@ from archplace.hardware import constants as C
 from archplace.hardware.presets import TPUV4
 from archplace.hardware.space import enumerate_space
 from archplace.simulators.estimate import estimate_graph
-from archplace.simulators.latency import ArchArrays, estimate_latencies
+from archplace.simulators.latency import ArchArrays, estimate_latencies, gemm_core_split
 from archplace.workloads import OpGraph
 from archplace.workloads.models import PRESETS, build_graph
 
@@ -47,7 +47,7 @@ def test_partial_tiles_are_underutilised():
     assert over - LAUNCH - fill == pytest.approx(2 * (full - LAUNCH - fill))  # an extra column: a whole tile
 
 
-def test_all_cores_split_tiles_then_rows():
+def test_all_cores_divide_batch_rows_or_columns():
     acc = Accelerator(8, 8, 32, 32, 32, 128, hbm_bw=1e15)
     g = one_op("tensor", b=1, m=2048, n=256, k=256)  # 64 tiles over 8 cores
     single, every = lat(g, acc)
@@ -56,6 +56,12 @@ def test_all_cores_split_tiles_then_rows():
     g = one_op("tensor", b=1, m=2048, n=32, k=32)  # one tile: rows split 8 ways
     single, every = lat(g, acc)
     assert every - LAUNCH == pytest.approx(2048 / 8 + 32 + 32 - 1)
+    g = one_op("tensor", b=1, m=1, n=64, k=256)  # a GEMV: 2 column tiles for 8 cores, K is not split
+    single, every = lat(g, acc)
+    assert single - LAUNCH - fill == pytest.approx(8 * 2 * 32)  # 16 tiles of max(1, pe_x) cycles
+    assert every - LAUNCH - fill == pytest.approx(8 * 1 * 32)  # one column tile per core: 2 cores busy
+    assert gemm_core_split(acc, 1, 1, 64, 256) == "N" and gemm_core_split(acc, 8, 512, 64, 256) == "B"
+    assert gemm_core_split(acc, 1, 2048, 32, 32) == "M"
 
 
 def test_vector_and_fused_ops():

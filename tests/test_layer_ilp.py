@@ -385,3 +385,20 @@ def test_schedule_layers_solves_repeated_blocks_once():
     again = schedule_layers(g, est.single_s, est.all_s, TPUV4.num_tc, TPUV4.num_vc, time_limit_s=20.0)
     assert again["solved"] == 0 and again["cache_hits"] == 2 * len(names)
     np.testing.assert_array_equal(again["forward_s"], res["forward_s"])
+
+
+def test_large_slices_get_the_longer_time_limit():
+    """``large_time_limit_s`` applies from ``large_min_ops`` ops on; the cache key holds the limit the
+    slice gets, so a small slice shares its entry with a run without the rule."""
+    assert L.effective_time_limit_s(48, 30.0, 120.0, 40) == 120.0
+    assert L.effective_time_limit_s(39, 30.0, 120.0, 40) == 30.0
+    assert L.effective_time_limit_s(48, 30.0) == 30.0
+    with pytest.raises(ValueError, match="large_time_limit_s must be > 0"):
+        L.effective_time_limit_s(48, 30.0, 0.0)
+    with pytest.raises(ValueError, match="large_min_ops must be an integer >= 1"):
+        L.effective_time_limit_s(48, 30.0, 60.0, 0)
+    p = LayerProblem(np.zeros(3, np.int64), np.ones(3), np.full(3, 0.5), [0, 1], [1, 2], 2, 2)
+    k = L.schedule_cache_key
+    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=4) == k(p, time_limit_s=30.0)
+    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=3) == k(p, time_limit_s=120.0)
+    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=3) != k(p, time_limit_s=30.0)

@@ -70,7 +70,8 @@ def test_search_matches_the_in_process_path(baseline):
         for t in (1, 2):
             g = build_graph("bert-base", mbs=1, tmp=t)
             est = estimate_graph(g, acc)
-            plan = plan_layer_schedules(g, est.single_s, est.all_s, acc.num_tc, acc.num_vc, time_limit_s=30.0)
+            plan = plan_layer_schedules(g, est.single_s, est.all_s, acc.num_tc, acc.num_vc, est.hbm_share,
+                                        est.glb_share, time_limit_s=30.0)
             lookups += plan.lookups
             keys |= set(plan.problems)
         # the two cache numbers: repeated layers inside the architecture, and distinct slices that

@@ -306,3 +306,27 @@ def test_pareto_plot_of_a_tiny_area_spread_is_readable(tmp_path):
     wide = [("a", 10.0, 100.0), ("b", 100.0, 500.0), ("c", 1000.0, 900.0)]
     fig = _plot_pareto(tmp_path / "w.png", "t", "samples/s", wide, None, None)
     assert not fig.axes[0].child_axes and fig.axes[0].get_xscale() == "log"
+
+
+def test_best_table_shows_the_layer_ilp_answer(tmp_path):
+    """Each best placement says whether its layer schedules were proven optimal, else the worst proven
+    gap and the slices without a bound (from the Parquet's ilp_* columns); best.json's own fields win."""
+    rows = _rows()
+    for r in rows:
+        r["ilp_status"], r["ilp_worst_gap"], r["ilp_gap_unknown"] = json.dumps({"optimal": 5}), 0.0, 0
+        if r["model"] == "gpt2-xl":
+            r["ilp_status"] = json.dumps({"optimal": 3, "feasible": 2, "fallback": 1})
+            r["ilp_worst_gap"], r["ilp_gap_unknown"] = 0.0734, 1
+    out = _write(tmp_path, rows=rows, best=False)
+    text = write_report(out).read_text()
+    header = next(ln for ln in text.splitlines() if ln.startswith("| Choice"))
+    assert header.rstrip(" |").endswith("Layer ILP")
+    best_bert = next(ln for ln in text.splitlines() if ln.startswith("| best for bert-large"))
+    best_gpt = next(ln for ln in text.splitlines() if ln.startswith("| best for gpt2-xl"))
+    assert best_bert.rstrip(" |").endswith("optimal")
+    assert "worst gap 7.3%, 1 slice without a bound" in best_gpt
+    for r in rows:
+        r["ilp_status"] = ""  # sequential schedules
+    text = write_report(_write(tmp_path, rows=rows, best=False)).read_text()
+    assert next(ln for ln in text.splitlines() if ln.startswith("| best for gpt2-xl")).rstrip(" |").endswith(
+        "sequential")

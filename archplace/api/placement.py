@@ -44,6 +44,8 @@ class PlaceRequest(Request):
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
+    # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
+    contention: bool = True
 
     def validate(self) -> None:
         check_model(self.model, files=False)
@@ -54,6 +56,7 @@ class PlaceRequest(Request):
                 and all(is_number(h) and h > 0 for h in self.hbm_gb)):
             raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
         check_bool("sequential", self.sequential)
+        check_bool("contention", self.contention)
         if self.fixed is not None and self.expert is not None:
             raise InvalidRequest("{fixed} and {expert} exclude each other: give one strategy", "fixed",
                                  "expert")
@@ -82,7 +85,8 @@ class PlaceResult(Result):
     timing_s: dict[str, float]      # graph_s, estimate_s, ilp_s, dp_s
     ilp: dict[str, Any]             # unique_solved, cache_hits, status_counts, worst_gap, gap_unknown,
     #                                 worst_slice, slices (per distinct layer slice: pass, layers, status,
-    #                                 gap, solver, microbatch, tmp); empty counts for sequential schedules
+    #                                 gap, solver, peak shares, microbatch, tmp), contention and the
+    #                                 peak HBM/GLB shares; empty counts for sequential schedules
     configs: list[dict[str, Any]]   # the best placement per (microbatch, HBM, recomputation)
     area_mm2: float
     accelerators: int
@@ -123,7 +127,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     # model_throughput, one (microbatch, width) case at a time, so that progress and cancellation
     # reach between the layer-schedule solves
     kind = "sequential" if req.sequential else "ilp"
-    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s}
+    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
     common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,))
@@ -151,6 +155,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
                        f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
     timing["dp_s"] = time.perf_counter() - t0
     stats.update(slice_summary(stats.get("slices", [])))
+    if not req.sequential:
+        stats["contention"] = req.contention
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"

@@ -49,6 +49,8 @@ class SearchRequest(Request):
     seq: int | None = None
     tmp_widths: tuple[int, ...] | None = None   # TMP widths for every model (None: each model's own)
     ilp_time_limit_s: float = 5.0           # per layer ILP
+    # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
+    contention: bool = True
     space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
     hysteresis: int = 6
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
@@ -63,7 +65,7 @@ class SearchRequest(Request):
         return SearchSettings(
             models=tuple(self.models), num_devices=self.accelerators, global_batch=self.global_batch,
             microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
-            seq=self.seq, ilp_time_limit_s=self.ilp_time_limit_s,
+            seq=self.seq, ilp_time_limit_s=self.ilp_time_limit_s, contention=self.contention,
             space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
             tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {})
 
@@ -81,7 +83,7 @@ class SearchRequest(Request):
         check_int("seq", self.seq, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("max_failures", self.max_failures, low=0)
-        for name in ("resume", "retry_failed"):
+        for name in ("resume", "retry_failed", "contention"):
             check_bool(name, getattr(self, name))
         check_optional_str("address", self.address)
         check_optional_str("schedule_cache", self.schedule_cache)

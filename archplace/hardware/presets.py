@@ -74,6 +74,11 @@ class Cluster:
 
 
 TPUV4 = Accelerator(8, 2, 128, 128, 128, 128, hbm_gb=32.0, name="tpuv4")
+# Phaze-Common (paper Section 6.1, spec §7.2): compute {2, 512, 256, 256, 256}, memory {32 MB GLB, 4096
+# words/cycle, 1 MB L2 per tensor core, 4 KB L2 per vector core}, 64 GB HBM; the same peak tensor MACs as
+# TPUv4 (2·256·256 = 8·128·128). The paper's ILP-vs-sequential ablation (Appendix D) runs on it.
+PHAZE_COMMON = Accelerator(2, 512, 256, 256, 256, 32.0, glb_bw=4096, l2_tc_kb=1024.0, l2_vc_kb=4.0,
+                           hbm_gb=64.0, name="phaze-common")
 
 # An edge-TPU-class chiplet for the MCM package: one 64×64 int8 systolic array at 480 MHz (≈ 4 TOPS,
 # the Coral Edge TPU's rating) with 32 MB of SRAM ("tens of MBs") and no off-chip memory; its
@@ -82,7 +87,7 @@ MCM_CHIPLET = Accelerator(1, 1, 64, 64, 64, 32, hbm_gb=1.0, hbm_bw=64 * 480e6, c
                           bytes_per_element=1, name="mcm-chiplet")
 MCM_LINK_BW_BYTES_PER_S = 32e9  # "tens of GB/s"
 
-_ACCELERATORS = {"tpuv4": TPUV4, "mcm-chiplet": MCM_CHIPLET}
+_ACCELERATORS = {"tpuv4": TPUV4, "phaze-common": PHAZE_COMMON, "mcm-chiplet": MCM_CHIPLET}
 
 
 def preset_accelerator(name: str) -> Accelerator:

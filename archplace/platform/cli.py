@@ -168,7 +168,7 @@ def cmd_place(args) -> dict[str, Any]:
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=_parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
-                           ilp_time_limit_s=args.ilp_time_limit)
+                           ilp_time_limit_s=args.ilp_time_limit, contention=not args.no_contention)
     return api.place(req).to_dict()
 
 
@@ -196,6 +196,11 @@ def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
     n = sum(counts.values())
     print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; {_gap_text(ilp)}")
+    if ilp.get("contention") is False:
+        print("  bandwidth    the paper's model: concurrent ops each get the full HBM/GLB bandwidth")
+    elif ilp.get("peak_hbm_share") is not None:
+        print(f"  bandwidth    shared; peak summed share HBM {ilp['peak_hbm_share']:.2f}, "
+              f"GLB {ilp.get('peak_glb_share') or 0.0:.2f}")
 
 
 def print_place(res: dict[str, Any]) -> None:
@@ -276,7 +281,8 @@ def cmd_search(args) -> dict[str, Any]:
         hbm_gb=_float_list(args.hbm, "--hbm"), recompute=args.recompute, seq=args.seq,
         tmp_widths=_int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
         ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
-        area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures)
+        area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
+        contention=not args.no_contention)
     return api.search(req, terminal_progress=not args.json).to_dict()
 
 
@@ -486,6 +492,11 @@ COMMANDS = {"models": (cmd_models, print_models), "graph": (cmd_graph, print_gra
             "place-ops": (cmd_place_ops, print_place_ops)}
 
 
+NO_CONTENTION_HELP = ("the paper's model: concurrently running ops each get the full HBM/GLB bandwidth "
+                      "(default: they share it, and ops whose demand together exceeds it run one after "
+                      "another)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="archplace", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -525,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--sequential", action="store_true",
                     help="layer schedules without the ILP: every op intra-op parallel in sequence")
     pl.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds per layer ILP")
+    pl.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
     pl.add_argument("--json", action="store_true")
     sd = sub.add_parser("solve-dp", help="optimal max-load split of a dnn-partitioning input")
     sd.add_argument("file")
@@ -563,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--seq", type=int, default=None)
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
     se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
+    se.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
     se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
     se.add_argument("--hysteresis", type=int, default=6)
     se.add_argument("--area-bucket", type=float, default=0.01,
@@ -664,7 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # request fields whose flag is not "--" + the field with "-" for "_"
 FLAGS = {"model": "MODEL", "models": "MODEL", "file": "FILE", "out_dir": "--out", "hbm_gb": "--hbm",
-         "ilp_time_limit_s": "--ilp-time-limit", "time_limit_s": "--time-limit",
+         "ilp_time_limit_s": "--ilp-time-limit", "contention": "--no-contention",
+         "time_limit_s": "--time-limit",
          "wait_timeout_s": "--wait-timeout", "area_bucket_mm2": "--area-bucket"}
 
 

@@ -31,7 +31,7 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "p": 0, "d": 0, "t": 0, "microbatch": 0, "num_stages": 0, "hbm_gb": math.nan, "recompute": None,
     "stages_json": "", "expert_throughput": math.nan, "expert_pdt": "", "estimate_s": math.nan,
     "ilp_s": math.nan, "dp_s": math.nan, "total_s": math.nan, "ilp_solved": 0, "cache_hits": 0,
-    "ilp_lookups": 0, "ilp_unique": 0,
+    "ilp_lookups": 0, "ilp_unique": 0, "ilp_status": "", "ilp_worst_gap": math.nan, "ilp_gap_unknown": 0,
     "node_id": "", "hostname": "", "pid": None, "finished_at": math.nan,
 }
 _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb", "expert_throughput",
@@ -39,7 +39,7 @@ _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb
 _INT_FIELDS = ("p", "d", "t", "microbatch", "num_stages", "ilp_solved", "cache_hits", "ilp_lookups",
                "ilp_unique")
 _PLACEMENT_FIELDS = ("throughput", "p", "d", "t", "microbatch", "recompute", "hbm_gb", "num_stages",
-                     "time_per_batch_s")
+                     "time_per_batch_s", "ilp_status", "ilp_worst_gap", "ilp_gap_unknown")
 DASH = "—"
 
 
@@ -114,6 +114,27 @@ def _yes_no(x: Any) -> str:
 def _cell(x: Any) -> str:
     s = str(x).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
     return s.strip() or DASH
+
+
+def _ilp_cell(e: dict[str, Any]) -> str:
+    """The layer ILP's answer behind a placement: "optimal" when every slice was proven optimal (or
+    trivial), else the worst proven gap and how many slices have no bound; "sequential" when the
+    layers were not scheduled by the ILP (``--schedule sequential`` or an old file)."""
+    st = e.get("ilp_status")
+    if isinstance(st, str):
+        try:
+            st = json.loads(st) if st else {}
+        except ValueError:
+            st = {}
+    if not isinstance(st, dict) or not st:
+        return "sequential"
+    if set(st) <= {"optimal", "trivial"}:
+        return "optimal"
+    gap, unknown = _num(e.get("ilp_worst_gap")), _int(e.get("ilp_gap_unknown"))
+    parts = [f"worst gap {gap:.1%}"] if math.isfinite(gap) else []
+    if unknown:
+        parts.append(f"{unknown} slice{'s' if unknown != 1 else ''} without a bound")
+    return ", ".join(parts) or "not proven optimal"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> str:
@@ -448,7 +469,7 @@ def _best_section(s: _Search) -> list[str]:
         for e in entries:
             rows.append(["Phaze-common", e["model"], e["label"], _f(e["area"]), _f(e["throughput"]),
                          _pdt(e), _int(e["microbatch"]) or DASH, _yes_no(e["recompute"]),
-                         _f(e["hbm_gb"]), _int(e["num_stages"]) or DASH])
+                         _f(e["hbm_gb"]), _int(e["num_stages"]) or DASH, _ilp_cell(e)])
         lines.append(f"Phaze-common (the highest throughput averaged over the models): "
                      f"**{entries[0]['label']}**, {_f(avg)} samples/s on average.")
     else:
@@ -456,13 +477,13 @@ def _best_section(s: _Search) -> list[str]:
     for m in s.models:
         _, e = s.best_for(m)
         if e is None:
-            rows.append([f"best for {m}", m, "no feasible architecture"] + [DASH] * 7)
+            rows.append([f"best for {m}", m, "no feasible architecture"] + [DASH] * 8)
             continue
         rows.append([f"best for {m}", m, e["label"], _f(e["area"]), _f(e["throughput"]), _pdt(e),
                      _int(e["microbatch"]) or DASH, _yes_no(e["recompute"]), _f(e["hbm_gb"]),
-                     _int(e["num_stages"]) or DASH])
+                     _int(e["num_stages"]) or DASH, _ilp_cell(e)])
     lines += ["", _table(["Choice", "Model", "Architecture", "Area (mm²)", "samples/s", "{p,d,t}",
-                          "Microbatch", "Recompute", "HBM (GB)", "Stages"], rows, "lllrrlrlrr")]
+                          "Microbatch", "Recompute", "HBM (GB)", "Stages", "Layer ILP"], rows, "lllrrlrlrrl")]
     return lines
 
 

@@ -57,7 +57,9 @@ def prepare_task(arch: dict[str, Any], cases: list[tuple[int, int]], optimizer: 
     for (mbs, t), g in zip(cases, graphs):
         est = estimate_graph(g, acc, link_bw=link_bw)
         base = placement_layers(g, est.single_s, est.all_s, sequential=True, optimizer=optimizer)
-        plan = plan_layer_schedules(g, est.single_s, est.all_s, acc.num_tc, acc.num_vc, **ilp_settings)
+        # the bandwidth shares are attached unless ilp_settings says contention=False
+        plan = plan_layer_schedules(g, est.single_s, est.all_s, acc.num_tc, acc.num_vc, est.hbm_share,
+                                    est.glb_share, **ilp_settings)
         out[(mbs, t)] = (base, plan)
     return {"cases": out, "estimate_s": time.perf_counter() - t0}
 
@@ -72,8 +74,10 @@ def solve_task(items: list[tuple[str, Any]], settings: dict[str, Any]) -> list[d
     for key, problem in items:
         s = solve_layer(problem, num_workers=1, **settings)
         gap = None if s.gap != s.gap else float(s.gap)   # NaN: no bound proven
+        peaks = {f: None if getattr(s, f) != getattr(s, f) else float(getattr(s, f))
+                 for f in ("peak_hbm_share", "peak_glb_share")}  # NaN: solved without shares
         out.append({"key": key, "makespan_s": float(s.makespan_s), "status": s.status, "gap": gap,
-                    "solved": not s.from_cache, "solve_time_s": float(s.solve_time_s)})
+                    "solved": not s.from_cache, "solve_time_s": float(s.solve_time_s), **peaks})
     return out
 
 

@@ -59,6 +59,7 @@ class SearchSettings:
     space: dict | None = None
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
     schedule: str = "ilp"
+    contention: bool = True  # layer ILP: concurrently running ops share the HBM/GLB bandwidth
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,7 +131,7 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
     """
     common = arch_columns(acc)
     arch = acc.to_dict()
-    ilp = {"time_limit_s": settings.ilp_time_limit_s}
+    ilp = {"time_limit_s": settings.ilp_time_limit_s, "contention": settings.contention}
     t0 = time.perf_counter()
     preps = {m: prepare_task.remote(arch, settings.cases(m), settings.optimizer,
                                     settings.link_bw_bytes_per_s, ilp,
@@ -156,7 +157,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         for res in get(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
             for r in res:
                 makespan[r["key"]] = r["makespan_s"]
-                answer[r["key"]] = {"status": r["status"], "gap": r.get("gap")}
+                answer[r["key"]] = {"status": r["status"], "gap": r.get("gap"),  # peaks: None from the cache
+                                    "peak_hbm_share": r.get("peak_hbm_share"),
+                                    "peak_glb_share": r.get("peak_glb_share")}
                 if r["solved"]:
                     solved[r["key"]] = [r["makespan_s"], r["status"], r.get("gap")]
                     solve_s += r["solve_time_s"]

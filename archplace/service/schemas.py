@@ -284,6 +284,7 @@ class EvaluateRequest(Strict):
     )  # the expert placement [p, d, t] exactly: an even block split (archplace place --expert)
     seq: int | None = Field(default=None, ge=1, le=32_768)
     ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
+    contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
 
     @field_validator("model")
     @classmethod

@@ -4,6 +4,13 @@
 fused ops from ZigZag's temporal mapper (which models the array, L2 and GLB itself) and combines it
 with the analytical vector-core time and the HBM floor by the same rule as the analytical model:
 the longest of them plus the launch cost. Everything else stays analytical.
+
+Bandwidth shares (``OpEstimates.hbm_share``/``glb_share``, the layer ILP's contention model; see
+``latency.bandwidth_shares``) are the analytical bytes over the backend's single-core latency ℓ. For
+zigzag that is the analytical HBM bytes and GLB words over the ZigZag-based ℓ: the HBM share stays
+<= 1 because ℓ includes the HBM floor; the GLB share is capped at 1 because ZigZag's own mapping may
+reuse more in the GLB than the analytical count assumes. Only single-core shares exist: an intra-op
+op (ℓ̂) never overlaps another op.
 """
 
 from __future__ import annotations
@@ -15,18 +22,22 @@ import numpy as np
 from ..hardware import constants as C
 from ..hardware.accelerator import Accelerator
 from ..workloads.graph import OpGraph
-from .latency import ArchArrays, UniqueOps, latency_components
+from .latency import ArchArrays, UniqueOps, bandwidth_shares, latency_components
 
 BACKENDS = ("analytical", "zigzag")
 
 
 @dataclass(frozen=True)
 class OpEstimates:
-    """ℓ (one core) and ℓ̂ (all cores of the op's type) per graph row, in seconds."""
+    """ℓ (one core) and ℓ̂ (all cores of the op's type) per graph row, in seconds; and per row the
+    single-core op's fraction of the shared HBM and GLB bandwidth while it runs (None where the
+    estimates come from elsewhere, e.g. profiles: the layer ILP then has no contention data)."""
 
     single_s: np.ndarray
     all_s: np.ndarray
     backend: str
+    hbm_share: np.ndarray | None = None
+    glb_share: np.ndarray | None = None
 
 
 def estimate_graph(g: OpGraph, acc: Accelerator, backend: str = "analytical",
@@ -37,6 +48,7 @@ def estimate_graph(g: OpGraph, acc: Accelerator, backend: str = "analytical",
     ops = UniqueOps.from_graph(g)
     tmp = int(g.meta.get("tmp", 1) or 1)
     out = []
+    shares = None
     for all_cores in (False, True):
         comp = latency_components(a, ops, link_bw, tmp, all_cores)
         lat = comp["latency_s"][0].copy()
@@ -50,5 +62,8 @@ def estimate_graph(g: OpGraph, acc: Accelerator, backend: str = "analytical",
                 zz = zigzag_gemm_latency_s(on, *dims, all_cores=all_cores and on.num_tc > 1)
                 vec_s = comp["vector_cycles"][0, u] / acc.clock_hz
                 lat[u] = max(zz, vec_s, comp["hbm_s"][0, u]) + C.OP_LAUNCH_CYCLES / acc.clock_hz
+        if not all_cores:
+            hbm, glb = bandwidth_shares(a, comp, lat[None, :], cap_glb=backend == "zigzag")
+            shares = (hbm[0, ops.inverse], glb[0, ops.inverse])
         out.append(lat[ops.inverse])
-    return OpEstimates(out[0], out[1], backend)
+    return OpEstimates(out[0], out[1], backend, *shares)

@@ -8,9 +8,11 @@ Model, in cycles unless noted:
   the weights are cut into ``ceil(k/pe_x) · ceil(n/pe_y)`` tiles per batch; a tile streams its ``m``
   rows through the array. Weights are double-buffered, so the next tile's ``pe_x`` weight rows load
   while the current tile streams and tiles follow each other back to back: ``max(m, pe_x)`` cycles
-  a tile, plus one pipeline fill and drain (``pe_x + pe_y − 1``) per op. Tiles are shared out over
-  the cores; when there are fewer tiles than cores the rows ``m`` are split too. Partial tiles waste
-  their idle PEs (under-utilisation when dimensions do not divide).
+  a tile, plus one pipeline fill and drain (``pe_x + pe_y − 1``) per op. On all cores (ℓ̂) the cores
+  divide the batch, the rows or the output columns, whichever is fastest (``gemm_core_split``); never
+  the reduction dimension, which would need a cross-core reduction, so ℓ̂ stays above ℓ/num_tc where
+  the tiling leaves cores idle (few batch elements, rows and column tiles). Partial tiles waste their
+  idle PEs (under-utilisation when dimensions do not divide).
 - **Vector op**: ``ceil(vector_flops / lanes)`` plus a pipeline fill, one flop per lane per cycle.
 - **Fused op**: the GEMM on tensor cores and its vector part on the paired vector cores, pipelined:
   the slower of the two plus the vector pipeline fill.
@@ -23,6 +25,16 @@ Model, in cycles unless noted:
 - **AllReduce** (TMP): a ring over ``t`` devices, ``2(t−1)/t · bytes / link_bw`` on the network,
   plus the element-wise sums on the vector cores.
 - shape-only ops cost nothing.
+
+**Bandwidth shares** (``bandwidth_shares``): the layer ILP's contention model needs, per op in
+single-core mode, the fraction of each *shared* bandwidth the op draws while it runs for its latency
+ℓ: ``hbm_share = hbm_s / ℓ`` and ``glb_share = glb_words / (glb_bw · clock · ℓ)`` with ``glb_bw``
+the whole GLB's words/cycle (the all-cores port; one core's port is at most that, which is why the
+share of a single-core op can be below 1 even when its GLB port is its bottleneck). Both lie in
+[0, 1] by construction (ℓ ≥ the HBM time and ≥ the one-core GLB time ≥ ``glb_words / glb_bw``);
+shape-only ops draw 0. The AllReduce is charged no GLB time by this model (its sums read the
+operands the ring delivers), so its GLB share is 0. Intra-op ops (ℓ̂) never overlap anything (the
+ILP's constraint (9)), so only single-core shares are computed.
 
 Ops are deduplicated first (identical transformer blocks repeat the same few dozen ops), so the
 work is (architectures × unique ops) array arithmetic with no Python loop over either.
@@ -119,15 +131,27 @@ class UniqueOps:
 
 @dataclass(frozen=True)
 class LatencyTable:
-    """Latencies in seconds, shape (architectures, unique ops); ``inverse`` maps graph rows."""
+    """Latencies in seconds, shape (architectures, unique ops); ``inverse`` maps graph rows.
+
+    ``hbm_share``/``glb_share`` (same shape, in [0, 1]): the single-core op's fraction of the
+    shared HBM / GLB bandwidth while it runs (module docstring); only single-core shares exist
+    because an intra-op op never overlaps another op."""
 
     single_s: np.ndarray
     all_s: np.ndarray
     inverse: np.ndarray
+    hbm_share: np.ndarray | None = None
+    glb_share: np.ndarray | None = None
 
     def for_arch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(ℓ, ℓ̂) for every row of the graph on architecture ``i``."""
         return self.single_s[i, self.inverse], self.all_s[i, self.inverse]
+
+    def shares_for_arch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hbm_share, glb_share) for every row of the graph on architecture ``i``."""
+        if self.hbm_share is None or self.glb_share is None:
+            raise ValueError("this LatencyTable has no bandwidth shares")
+        return self.hbm_share[i, self.inverse], self.glb_share[i, self.inverse]
 
     def total_sequential_s(self) -> np.ndarray:
         """Sum of single-core latencies of all rows, per architecture (a sequential schedule)."""
@@ -135,19 +159,47 @@ class LatencyTable:
         return self.single_s @ counts
 
 
+CORE_SPLITS = ("B", "M", "N")  # the GEMM dimensions the cores may divide, in tie-break order
+
+
+def _split_cycles(b, m, n, k, pe_x, pe_y, cores) -> tuple:
+    """Array cycles (without the fill) of one core's share of a GEMM when ``cores`` cores divide the
+    batch ``B``, the rows ``M`` or the output columns ``N`` (in the order of ``CORE_SPLITS``).
+
+    Each core streams its rows through ``ceil(k/pe_x)·ceil(n/pe_y)`` weight tiles per batch element,
+    ``max(rows, pe_x)`` cycles a tile (fewer rows than ``pe_x`` cannot hide the next tile's weight
+    load). Only independent outputs are divided: splitting the reduction ``K`` over cores would need a
+    cross-core reduction the template has no path for, so a GEMM with few batch elements, rows and
+    column tiles (a GEMV on many cores) leaves cores idle. Works on numpy arrays and on numbers."""
+    kt, nt = np.ceil(k / pe_x), np.ceil(n / pe_y)
+    return (np.ceil(b / cores) * kt * nt * np.maximum(m, pe_x),
+            b * kt * nt * np.maximum(np.ceil(m / cores), pe_x),
+            b * kt * np.ceil(nt / cores) * np.maximum(m, pe_x))
+
+
+def gemm_core_split(acc: Accelerator, b: int, m: int, n: int, k: int, cores: int | None = None) -> str:
+    """Which GEMM dimension (``"B"``, ``"M"`` or ``"N"``) all ``cores`` (default ``acc.num_tc``) tensor
+    cores divide in the all-cores latency ℓ̂: the one with the fewest cycles per core, the earlier of
+    ``CORE_SPLITS`` on a tie. The ZigZag backend maps its cores the same way, so the two models
+    are compared under one mapping."""
+    c = acc.num_tc if cores is None else cores
+    cyc = _split_cycles(float(b), float(m), float(n), float(k), float(acc.pe_x), float(acc.pe_y), float(c))
+    return CORE_SPLITS[int(np.argmin([float(x) for x in cyc]))]
+
+
 def _gemm_cycles(a: ArchArrays, ops: UniqueOps, cores: np.ndarray) -> np.ndarray:
+    """Cycles of a GEMM on ``cores`` tensor cores: the best of dividing B, M or N (``_split_cycles``)
+    plus one pipeline fill and drain; with one core the three coincide."""
     b, m, n, k = (x[None, :] for x in (ops.b, ops.m, ops.n, ops.k))
-    tiles = b * np.ceil(k / a.pe_x) * np.ceil(n / a.pe_y)
-    per_core = np.ceil(tiles / cores)
-    split = np.maximum(1.0, np.floor(cores / np.maximum(tiles, 1.0)))
-    rows = np.ceil(m / split)
-    return per_core * np.maximum(rows, a.pe_x) + a.pe_x + a.pe_y - 1
+    by_b, by_m, by_n = _split_cycles(b, m, n, k, a.pe_x, a.pe_y, cores)
+    return np.minimum(np.minimum(by_b, by_m), by_n) + a.pe_x + a.pe_y - 1
 
 
 def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
                        all_cores: bool) -> dict[str, np.ndarray]:
     """The model's terms, each (A, U): ``gemm_cycles``, ``vector_cycles``, ``glb_cycles``,
-    ``hbm_s`` and ``latency_s`` (how they combine: module docstring)."""
+    ``glb_words`` (words moved between GLB and cores; 0 for the AllReduce, which is charged no GLB
+    time, and for shape-only ops), ``hbm_s`` and ``latency_s`` (how they combine: module docstring)."""
     one = np.ones_like(a.num_tc)
     tc = a.num_tc if all_cores else one
     vc = a.num_vc if all_cores else one
@@ -180,8 +232,34 @@ def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
     ring_s = 2.0 * (tmp - 1) / tmp * (ops.hbm_bytes[None, :] / 2) / link_bw  # hbm_bytes = in + out
     lat = np.where(is_c, np.maximum(ring_s + vec / a.clock_hz, hbm_s) + launch, lat)
     lat = np.where(core == 0, 0.0, lat)
-    return {"gemm_cycles": gemm, "vector_cycles": vec, "glb_cycles": glb, "hbm_s": hbm_s,
-            "latency_s": lat}
+    glb_words = np.where(is_c | (core == 0), 0.0, glb_words)
+    return {"gemm_cycles": gemm, "vector_cycles": vec, "glb_cycles": glb, "glb_words": glb_words,
+            "hbm_s": hbm_s, "latency_s": lat}
+
+
+SHARE_TOL = 1e-9  # relative slack allowed above 1 before ``bandwidth_shares`` calls it a bug
+
+
+def bandwidth_shares(a: ArchArrays, comp: dict[str, np.ndarray], latency_s: np.ndarray | None = None,
+                     cap_glb: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(hbm_share, glb_share), each (A, U), of single-core ops from their ``latency_components``
+    (``all_cores=False``): ``hbm_s / ℓ`` and ``glb_words / (glb_bw · clock · ℓ)``, 0 where ℓ = 0.
+
+    ``latency_s`` replaces the analytical ℓ (the zigzag backend's GEMM latencies). Shares above 1
+    beyond ``SHARE_TOL`` raise ``AssertionError`` (ℓ bounds both terms by construction), except the
+    GLB share when ``cap_glb``: ZigZag's mapper may find more GLB reuse than the analytical count of
+    ``glb_words``, so over a ZigZag latency that count can exceed the whole GLB's bandwidth; such an
+    op is taken to saturate the GLB (share 1)."""
+    lat = comp["latency_s"] if latency_s is None else latency_s
+    pos = lat > 0
+    safe = np.where(pos, lat, 1.0)
+    hbm = np.where(pos, comp["hbm_s"] / safe, 0.0)
+    glb = np.where(pos, comp["glb_words"] / (a.glb_bw * a.clock_hz * safe), 0.0)
+    for name, x, capped in (("hbm_share", hbm, False), ("glb_share", glb, cap_glb)):
+        if not capped and x.size and float(x.max()) > 1.0 + SHARE_TOL:
+            raise AssertionError(f"{name} {float(x.max())} > 1: the latency model no longer bounds "
+                                 "the op's traffic")
+    return np.clip(hbm, 0.0, 1.0), np.clip(glb, 0.0, 1.0)
 
 
 def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
@@ -191,9 +269,10 @@ def estimate_latencies(g: OpGraph, archs: ArchArrays | list[Accelerator],
         archs = ArchArrays.from_accelerators(list(archs))
     ops = UniqueOps.from_graph(g)
     tmp = int(g.meta.get("tmp", 1) or 1)
-    single = latency_components(archs, ops, link_bw, tmp, all_cores=False)["latency_s"]
+    comp = latency_components(archs, ops, link_bw, tmp, all_cores=False)
     every = latency_components(archs, ops, link_bw, tmp, all_cores=True)["latency_s"]
-    return LatencyTable(single, every, ops.inverse)
+    hbm, glb = bandwidth_shares(archs, comp)
+    return LatencyTable(comp["latency_s"], every, ops.inverse, hbm, glb)
 
 
 def standalone_gemm_latency_s(acc: Accelerator, dims: tuple[int, int, int, int], all_cores: bool = False,

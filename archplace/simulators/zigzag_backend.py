@@ -21,8 +21,9 @@ Workload
     outputs are written back with ``8·bytes_per_element`` bits.
 Spatial mapping (fixed, weight-stationary as in a TPU)
     the reduction dimension ``K`` over ``D1`` (``pe_x``, reduced spatially down the columns), the
-    output columns ``N`` over ``D2`` (``pe_y``), and with ``all_cores`` the cores over the batch ``B``
-    or the rows ``M``, whichever keeps more cores busy (the batch on a tie). ZigZag shrinks an
+    output columns ``N`` over ``D2`` (``pe_y``), and with ``all_cores`` the cores over the batch ``B``,
+    the rows ``M`` or the output columns ``N``, the split the analytical ℓ̂ takes
+    (``latency.gemm_core_split``: the fewest cycles per core; never ``K``). ZigZag shrinks an
     unrolling to the loop size when the GEMM is smaller than the array (the array is then partly
     idle) and rounds a loop that is not a multiple of its unrolling up (the last tile is partly
     idle). The temporal mapping (tiling and loop order at every memory level) is LOMA's search.
@@ -93,7 +94,7 @@ __all__ = ["zigzag_gemm_cycles", "zigzag_gemm_latency_s", "default_cache_dir", "
            "hardware_description", "workload_description", "mapping_description"]
 
 # Bump when the generated description or the search changes, so that older cache entries go unused.
-MODEL_VERSION = 2
+MODEL_VERSION = 3  # 3: the cores may divide N too (core_dim)
 # LOMA merges the temporal loops' prime factors down to this many and tries every order of them (at most
 # 6! = 720 cost-model evaluations, a few ms each). 5 is ~5× faster but misses good tilings by up to 2×.
 LPF_LIMIT = 6
@@ -233,20 +234,22 @@ def workload_description(acc: Accelerator, b: int, m: int, n: int, k: int) -> li
     }]
 
 
-def core_dim(acc: Accelerator, b: int, m: int) -> str:
-    """The GEMM dimension the cores are unrolled over with ``all_cores``: the batch ``"B"`` or the rows
-    ``"M"``, whichever keeps more cores busy over its ``ceil(size / num_tc)`` rounds, the batch on a tie."""
-    def busy(size: int) -> float:
-        return size / (math.ceil(size / acc.num_tc) * acc.num_tc)
+def core_dim(acc: Accelerator, b: int, m: int, n: int, k: int) -> str:
+    """The GEMM dimension the cores are unrolled over with ``all_cores``: the batch ``"B"``, the rows
+    ``"M"`` or the output columns ``"N"``, the same choice as the analytical ℓ̂
+    (``latency.gemm_core_split``), so both models are compared under one mapping."""
+    from archplace.simulators.latency import gemm_core_split
 
-    return "B" if busy(b) >= busy(m) else "M"
+    return gemm_core_split(acc, b, m, n, k)
 
 
-def mapping_description(acc: Accelerator, b: int, m: int, all_cores: bool = False) -> list[dict[str, Any]]:
-    """The ZigZag mapping: the fixed weight-stationary spatial unrolling (the temporal one is searched)."""
+def mapping_description(acc: Accelerator, b: int, m: int, n: int, k: int,
+                        all_cores: bool = False) -> list[dict[str, Any]]:
+    """The ZigZag mapping: the fixed weight-stationary spatial unrolling (the temporal one is searched).
+    With the cores over ``N``, ``D2`` and ``D3`` both unroll the output columns (``pe_y·num_tc`` a round)."""
     spatial = {"D1": [f"K, {acc.pe_x}"], "D2": [f"N, {acc.pe_y}"]}
     if all_cores:
-        spatial["D3"] = [f"{core_dim(acc, b, m)}, {acc.num_tc}"]
+        spatial["D3"] = [f"{core_dim(acc, b, m, n, k)}, {acc.num_tc}"]
     return [{"name": "default", "spatial_mapping": spatial,
              "memory_operand_links": {"O": "O", "W": "I2", "I": "I1"}}]
 
@@ -293,7 +296,7 @@ def _run_zigzag(acc: Accelerator, b: int, m: int, n: int, k: int, all_cores: boo
         hw_path = Path(tmp) / "accelerator.yaml"
         map_path = Path(tmp) / "mapping.yaml"
         hw_path.write_text(yaml.safe_dump(hardware_description(acc, all_cores), sort_keys=False))
-        map_path.write_text(yaml.safe_dump(mapping_description(acc, b, m, all_cores), sort_keys=False))
+        map_path.write_text(yaml.safe_dump(mapping_description(acc, b, m, n, k, all_cores), sort_keys=False))
         main = MainStage(
             stages,
             accelerator=str(hw_path),

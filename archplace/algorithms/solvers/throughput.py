@@ -30,12 +30,14 @@ def layer_times_sequential(g: OpGraph, all_s: np.ndarray) -> tuple[np.ndarray, n
 
 
 def layer_times_ilp(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator,
+                    hbm_share: np.ndarray | None = None, glb_share: np.ndarray | None = None,
                     **solve_kw: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Per-layer forward and backward makespans from the layer-schedule ILP; each distinct layer
-    slice is solved once."""
+    slice is solved once. With the per-row bandwidth shares (``OpEstimates``) and ``contention``
+    (a ``solve_kw``, default True), concurrently running ops share the HBM and GLB bandwidth."""
     from .layer_ilp import schedule_layers
 
-    res = schedule_layers(g, single_s, all_s, acc.num_tc, acc.num_vc, **solve_kw)
+    res = schedule_layers(g, single_s, all_s, acc.num_tc, acc.num_vc, hbm_share, glb_share, **solve_kw)
     info = {"unique_solved": int(res.get("solved", 0)), "cache_hits": int(res.get("cache_hits", 0)),
             "solve_time_s": float(res.get("solve_time_s", 0.0)),
             "slices": slice_report(res["keys"], res["schedules"], res["layers"])}
@@ -43,15 +45,17 @@ def layer_times_ilp(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Ac
 
 
 def _gap(x: Any) -> float | None:
-    """A solver gap as JSON: None where it is unknown (NaN: no bound was proven)."""
+    """A solver gap (or peak share) as JSON: None where it is unknown (NaN)."""
     return None if x is None or x != x else float(x)
 
 
 def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()) -> list[dict[str, Any]]:
     """One entry per distinct layer slice (key) that the ILP answered: the pass, the layers that
     share it, the solver's status (optimal, feasible, fallback, trivial), its proven relative gap
-    (None when no bound is known) and its solver. ``schedules`` maps key to a ``LayerSchedule`` or
-    to a dict with ``status`` and ``gap``."""
+    (None when no bound is known), its solver, and the schedule's peak summed HBM and GLB shares
+    (``peak_hbm_share``/``peak_glb_share``: None when the slice was solved without shares).
+    ``schedules`` maps key to a ``LayerSchedule`` or to a dict with ``status`` and ``gap`` (and
+    optionally the peaks)."""
     out: dict[str, dict[str, Any]] = {}
     for pas in ("forward", "backward"):
         for li, key in enumerate(keys[pas]):
@@ -60,7 +64,9 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
                 continue
             get = s.get if isinstance(s, dict) else (lambda k, _s=s: getattr(_s, k, None))
             e = out.setdefault(key, {"key": key[:16], "pass": pas, "layers": [], "status": get("status"),
-                                     "gap": _gap(get("gap")), "solver": get("solver")})
+                                     "gap": _gap(get("gap")), "solver": get("solver"),
+                                     "peak_hbm_share": _gap(get("peak_hbm_share")),
+                                     "peak_glb_share": _gap(get("peak_glb_share"))})
             e["layers"].append(names[li] if li < len(names) else str(li))
     return list(out.values())
 
@@ -68,7 +74,9 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
 def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
     """``status_counts`` (slices per solver status), ``worst_gap`` (the largest proven relative gap,
     0.0 when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not
-    proven optimal whose gap is unknown) and ``worst_slice`` (the entry with the worst gap)."""
+    proven optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
+    ``peak_hbm_share``/``peak_glb_share`` (the largest peak summed bandwidth share over the slices
+    that report one; None when none does, e.g. the paper's model without contention)."""
     counts: dict[str, int] = {}
     worst, worst_slice, unknown = None, None, 0
     for e in slices:
@@ -82,8 +90,10 @@ def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
             worst, worst_slice = g, e
     if worst is None and slices and not unknown:
         worst = 0.0
+    peaks = {f: max((e[f] for e in slices if e.get(f) is not None), default=None)
+             for f in ("peak_hbm_share", "peak_glb_share")}
     return {"status_counts": counts, "worst_gap": worst, "gap_unknown": unknown,
-            "worst_slice": worst_slice}
+            "worst_slice": worst_slice, **peaks}
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
@@ -129,7 +139,9 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
                    link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, seq: int | None = None,
                    schedules=("ilp",), **solve_kw: Any) -> tuple[dict, dict[str, float], dict[str, Any]]:
     """``{schedule: {mbs: {t: PlacementLayers}}}`` for the layer-schedule kinds in ``schedules``
-    ("ilp" and/or "sequential"), with the time spent per step and the ILP's cache statistics."""
+    ("ilp" and/or "sequential"), with the time spent per step and the ILP's cache statistics.
+    The ILP gets the estimates' bandwidth shares; ``solve_kw`` may set ``contention=False`` (the
+    paper's model: concurrently running ops each get the full HBM/GLB bandwidth)."""
     from ...workloads.models import build_graph, preset
 
     widths = tuple(tmp_widths or preset(model).tmp_widths)
@@ -149,12 +161,13 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
             timing["graph_s"] += t1 - t0
             timing["estimate_s"] += time.perf_counter() - t1
             base = placement_layers(g, est.single_s, est.all_s, sequential=True, optimizer=optimizer)
+            shares = {"hbm_share": est.hbm_share, "glb_share": est.glb_share}
             for kind in schedules:
                 if kind == "sequential":
                     ly = base
                 else:
                     t2 = time.perf_counter()
-                    fw, bw, info = layer_times_ilp(g, est.single_s, est.all_s, acc, **solve_kw)
+                    fw, bw, info = layer_times_ilp(g, est.single_s, est.all_s, acc, **shares, **solve_kw)
                     timing["ilp_s"] += time.perf_counter() - t2
                     for k in ("unique_solved", "cache_hits"):
                         stats[k] += int(info.get(k, 0))

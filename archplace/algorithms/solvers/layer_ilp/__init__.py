@@ -56,6 +56,26 @@ optimal for the rounded problem exceeds the true optimum by at most ``n·res = n
 float latencies (times in units of ``H/1000`` for numerics); its error is its feasibility
 tolerance (``1e-6`` of a unit, i.e. ``1e-9·H``) before the float rebuild removes it.
 
+Shared HBM and GLB bandwidth (issue 19; ``contention.py``): the paper gives every concurrently
+running op the full HBM and GLB bandwidth. A ``LayerProblem`` may carry per-op ``hbm_share`` /
+``glb_share`` (the fraction of the shared bandwidth a single-core op draws while it runs at ℓ;
+``simulators.latency.bandwidth_shares``). Then, at every instant, the summed shares of the running
+single-core ops are ≤ 1 per resource: a cumulative resource of capacity 1 (integer demands
+``ceil(share·10⁴)`` against 10⁴ in every method, so that they agree exactly). Intra-op ops need no
+demand: (9) already keeps them apart from everything. Ops whose demand together exceeds the
+bandwidth *serialise* rather than stretch: stretching would make an op's duration depend on what
+runs beside it (a schedule-dependent latency, outside this model); serialising keeps ℓ and gives a
+feasible, conservative schedule (the bandwidth is never exceeded, and an op never runs faster
+than ℓ). How each method enforces it: CP-SAT one ``add_cumulative`` per resource (also in the
+interval warm start); the list heuristics and the enumeration start an op only where the load
+leaves room; HiGHS ``x_ij + x_ji ≥ 1`` for incomparable pairs whose demands exceed the capacity
+together, plus lazy cuts (``lazy.py``) for larger overlapping sets found in the rebuilt schedule.
+The float rebuild keeps every pair the solver separated separated, so (Helly property of intervals)
+any set of ops that overlaps after rebuilding overlapped in the solver too and still fits;
+``check_schedule`` checks the capacity anyway and ``LayerSchedule.peak_hbm_share`` /
+``peak_glb_share`` report the peak load. No shares (the default), or ``solve_layer(...,
+contention=False)``, is the paper's model with its old cache keys.
+
 Time limits never crash: a solve that ends without a solution returns a greedy list schedule
 (critical-path priority, per-op greedy intra-op choice, explicit cores; or the sequential schedule
 when that is shorter) with status ``"fallback"`` and its gap against the solver's bound (NaN when
@@ -82,6 +102,7 @@ point as optimal on one random 7-op instance). OR-Tools and highspy ship clashin
 Where things are (one concern per module; read them in this order):
 
 - ``problem.py``: ``LayerProblem``, the instance, and how one is built from a graph's rows;
+- ``contention.py``: the shared-bandwidth demands and peak loads on fixed timings;
 - ``schedule.py``: ``LayerSchedule``, ``check_schedule`` and the helpers on fixed timings (rank,
   ASAP starts, core counting and colouring) that every method shares;
 - ``heuristics.py``: the sequential, greedy and repaired list schedules (hints and fallback);
@@ -102,7 +123,8 @@ from __future__ import annotations
 
 from .._settings import forward_settings
 from .cache import CACHE_MAX_ENTRIES as CACHE_MAX_ENTRIES
-from .cache import clear_schedule_cache, schedule_cache_key
+from .cache import clear_schedule_cache, effective_time_limit_s, schedule_cache_key
+from .contention import SHARE_QUANTUM as SHARE_QUANTUM
 from .cpsat import _CPSAT_REDUNDANT as _CPSAT_REDUNDANT
 from .cpsat import _CPSAT_SYMMETRY as _CPSAT_SYMMETRY
 from .cpsat import TIME_RESOLUTION_REL
@@ -116,7 +138,7 @@ from .planning import LayerPlan, layer_problems, plan_layer_schedules, schedule_
 from .problem import CORE_TO_KIND, KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 from .problem import KIND_NAMES as KIND_NAMES
 from .schedule import STATUSES as STATUSES
-from .schedule import LayerSchedule, check_schedule
+from .schedule import LayerSchedule, check_schedule, peak_shares
 from .solve import BACKENDS, solve_layer
 from .solve import QUICK_ATTEMPT_S as QUICK_ATTEMPT_S
 from .solve import WARM_START_MAX_S as WARM_START_MAX_S
@@ -130,9 +152,9 @@ from .solve import _trivial as _trivial
 # ``layer_ilp.X`` too: constants, the tunables and hooks forwarded below, internals the tests use
 __all__ = [
     "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
-    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache", "exhaustive_schedule",
-    "greedy_schedule", "layer_problems", "plan_layer_schedules", "schedule_cache_key", "schedule_layers",
-    "sequential_schedule", "solve_layer",
+    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache",
+    "effective_time_limit_s", "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares",
+    "plan_layer_schedules", "schedule_cache_key", "schedule_layers", "sequential_schedule", "solve_layer",
 ]
 
 # knobs and hooks that tests and benchmarks set on the package (see ``solvers._settings``)

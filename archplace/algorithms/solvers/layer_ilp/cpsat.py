@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .contention import SHARE_QUANTUM, demands
 from .model import _Raw, _Spec, _z_argmax, _z_ops
 from .problem import KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 from .schedule import LayerSchedule, _asap, _rank
@@ -86,6 +87,10 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_ga
         for i in np.flatnonzero(problem.kind == KIND_FUSED).tolist():  # (14)
             for c in range(min(spec.k_tc, spec.k_vc)):
                 md.add(z["tc"][i, c] == z["vc"][i, c])
+    if problem.has_contention:
+        _cpsat_contention(md, problem, t, y, li)
+        for i, j in spec.share_pairs.tolist():  # implied by the cumulatives; helps propagation
+            md.add_bool_or([x[i, j], x[j, i]])
     if z and _CPSAT_SYMMETRY:
         _cpsat_symmetry(md, problem, spec, z)
     if _CPSAT_REDUNDANT:
@@ -126,6 +131,25 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_ga
     optimal = st == cp_model.OPTIMAL and obj <= bound
     return _Raw(True, bool(optimal), obj * res, bound_s, ts * res, (ts + ps) * res, ys, xs, zt, zv,
                 name)
+
+
+def _cpsat_contention(md: Any, problem: LayerProblem, t: list, y: list, li: np.ndarray) -> None:
+    """Shared HBM / GLB bandwidth (``contention.py``): per resource a cumulative of capacity
+    ``SHARE_QUANTUM`` over one interval per op, ``[t_i, t_i + ℓ_i)`` present iff ``¬y_i``, with
+    demand ``ceil(share_i · Q)``. That is the interval ``(t_i, p_i, t_i + p_i)`` with demand
+    ``ceil(share_i · Q)·(1 − y_i)`` of the formulation, written with a fixed size so that it needs no
+    variable demand (an intra-op op demands nothing: constraint (9) keeps it apart from every other
+    op anyway). An op whose float ℓ is positive but rounds to 0 units gets size 1, so that no op with
+    a real duration escapes the capacity (conservative by one time unit)."""
+    dem = demands(problem)
+    live = [i for i in range(problem.num_ops) if problem.latency_s[i] > 0 and dem[:, i].any()]
+    if not live:
+        return
+    iv = {i: md.new_optional_fixed_size_interval_var(t[i], max(int(li[i]), 1), ~y[i], f"B{i}") for i in live}
+    for r in range(dem.shape[0]):
+        ops = [i for i in live if dem[r, i] > 0]
+        if sum(int(dem[r, i]) for i in ops) > SHARE_QUANTUM:
+            md.add_cumulative([iv[i] for i in ops], [int(dem[r, i]) for i in ops], SHARE_QUANTUM)
 
 
 def _cpsat_symmetry(md: Any, problem: LayerProblem, spec: _Spec, z: dict) -> None:
@@ -187,6 +211,8 @@ def _cpsat_redundant(md: Any, problem: LayerProblem, spec: _Spec, li: np.ndarray
       intra-op op of any type demands K (it runs alone) and a non-intra op of that type 1 (implied
       by (10)–(16): ops sharing a core are ordered); and one no-overlap per core over intervals of
       size ℓ_i present iff ``z_ic`` (implied by (15)/(16) with (8); ``z_ic`` forces ``y_i = 0``).
+    - With bandwidth shares, an energy bound per resource on ``W`` (see below; implied by the
+      cumulatives of ``_cpsat_contention``).
     """
     n = spec.n
     # chain bound: intra-op intervals are disjoint from each other and from everything else, and
@@ -211,6 +237,14 @@ def _cpsat_redundant(md: Any, problem: LayerProblem, spec: _Spec, li: np.ndarray
         uses = problem.kind != (KIND_VC if name == "tc" else KIND_TC)
         if kk:
             md.add(kk * W >= sum(int(li[i]) - int(li[i]) * y[i] for i in np.flatnonzero(uses).tolist()))
+    # shared-bandwidth energy: outside intra-op time the single-core ops' demand-weighted time fits
+    # under the capacity, Q·W >= Σ (1 - y_i) ℓ_i d_i per resource (implied by the cumulatives)
+    if problem.has_contention:
+        dem = demands(problem)
+        for r in range(dem.shape[0]):
+            if dem[r].any():
+                md.add(SHARE_QUANTUM * W >= sum(int(li[i]) * int(dem[r, i]) * (1 - y[i])
+                                                for i in np.flatnonzero(dem[r]).tolist()))
     iv1: dict[int, Any] = {}
     iv0: dict[int, Any] = {}
     for i in range(n):
@@ -271,7 +305,8 @@ def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, ca
     the same problem with core *counts* instead of core indices: per op two optional fixed-size
     intervals (ℓ̂ if intra-op, ℓ otherwise), precedence, an exclusivity cumulative and one capacity
     cumulative per core type. CP-SAT's scheduling search finds good schedules here much faster than
-    in the x/z formulation. Returns (start_s, intra) of its best schedule (re-timed ASAP with the
+    in the x/z formulation. With bandwidth shares, the same shared-bandwidth cumulatives as the full
+    model (``_cpsat_contention``). Returns (start_s, intra) of its best schedule (re-timed ASAP with the
     float latencies along its interval order), or None."""
     from ortools.sat.python import cp_model
 
@@ -295,6 +330,8 @@ def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, ca
     for a, b in zip(problem.edge_src.tolist(), problem.edge_dst.tolist()):
         md.add(t[b] >= e[a])
     md.add_cumulative(i1 + i0, [n] * n + [1] * n, n)
+    if problem.has_contention:
+        _cpsat_contention(md, problem, t, y, li)
     for cap, uses in ((problem.num_tc, problem.kind != KIND_VC), (problem.num_vc, problem.kind != KIND_TC)):
         if not capacity:
             break

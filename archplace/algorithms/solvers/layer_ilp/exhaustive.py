@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .contention import SHARE_QUANTUM, demands
 from .problem import KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 from .schedule import LayerSchedule, _finish, _rank, _tails
 
@@ -33,6 +34,12 @@ def exhaustive_schedule(problem: LayerProblem, max_ops: int = 7) -> LayerSchedul
     core over a sub-interval is no worse), and among cores that nothing uses yet, interchangeable
     ones (empty pairs; empty unpaired cores of one type) are tried once (relabelling). Branches
     whose critical-path lower bound cannot beat the incumbent are cut.
+
+    Shared bandwidth (``contention.py``): a single-core op also needs room for its integer demands
+    over its whole duration. The argument above still holds: in SSGS on S's list, the earlier-placed
+    ops now end no later, so the set of them running at any instant of j's interval in S is a subset
+    of the set running there in S, and their load is no larger. Candidate starts are then the
+    release and every placed op's end (where a load can drop), not only ends on j's cores.
     """
     t0 = time.perf_counter()
     n = problem.num_ops
@@ -49,15 +56,30 @@ def exhaustive_schedule(problem: LayerProblem, max_ops: int = 7) -> LayerSchedul
     mind = [min(a, b) for a, b in zip(lat, lath)]
     tail = _tails(problem, np.asarray(mind)).tolist()
     busy: list[list[tuple[float, float]]] = [[] for _ in range(ntc + nvc)]
+    dem = demands(problem).T.tolist()  # per op, its demand on each resource
+    placed: list[tuple[float, float, list[int]]] = []  # single-core ops with a positive demand
     start = [0.0] * n
     end = [0.0] * n
     mode: list[tuple[bool, int]] = [(False, -1)] * n
     done = [False] * n
     best = [math.inf, None]
 
-    def earliest(res: list[int], rel: float, d: float) -> float:
-        cands = sorted({rel, *(e for r in res for _, e in busy[r] if e > rel)})
+    def room(t: float, d: float, di: list[int]) -> bool:
+        if d <= 0 or not any(di):
+            return True
+        over = [(a, b, dd) for a, b, dd in placed if a < t + d and t < b]
+        for p in [t] + [a for a, _, _ in over if a > t]:
+            for r, need in enumerate(di):
+                if need + sum(dd[r] for a, b, dd in over if a <= p < b) > SHARE_QUANTUM:
+                    return False
+        return True
+
+    def earliest(res: list[int], rel: float, d: float, di: list[int]) -> float:
+        extra = [b for _, b, _ in placed if b > rel] if any(di) else []
+        cands = sorted({rel, *(e for r in res for _, e in busy[r] if e > rel), *extra})
         for t in cands:
+            if not room(t, d, di):
+                continue
             ok = True
             for r in res:
                 for a, b in busy[r]:
@@ -131,13 +153,19 @@ def exhaustive_schedule(problem: LayerProblem, max_ops: int = 7) -> LayerSchedul
             rel = max((end[p] for p in pred[i]), default=0.0)
             for yi, c, res in modes(i):
                 d = lath[i] if yi else lat[i]
-                t = earliest(res, rel, d)
+                di = [0] * len(dem[i]) if yi else dem[i]
+                t = earliest(res, rel, d, di)
                 if (t, rank[i]) <= last:
                     continue
                 start[i], end[i], mode[i], done[i] = t, t + d, (yi, c), True
                 for r in res:
                     busy[r].append((t, t + d))
+                loaded = d > 0 and any(di)
+                if loaded:
+                    placed.append((t, t + d, di))
                 dfs(count + 1, (t, rank[i]), max(cur, t + d))
+                if loaded:
+                    placed.pop()
                 for r in res:
                     busy[r].pop()
                 done[i] = False

@@ -3,6 +3,9 @@ and the repair of an over-subscribed lazy-round solution.
 
 They give the ILP its first hint, the fallback when a time limit ends a solve without a solution,
 and the yardstick ("sequential") that the ILP's makespans are reported against.
+
+With bandwidth shares (``contention.py``) the list schedules start an op only where the running
+single-core ops leave room for its demand; the sequential schedule needs nothing (no op overlaps).
 """
 
 from __future__ import annotations
@@ -12,27 +15,35 @@ from typing import Any
 
 import numpy as np
 
+from .contention import LoadProfile, demands
 from .problem import KIND_TC, KIND_VC, LayerProblem
 from .schedule import LayerSchedule, _finish, _min_dur, _rank, _tails
 
 
 class _Timelines:
-    """Busy intervals per core (TC c -> c, VC c -> num_tc + c) for serial schedule generation."""
+    """Busy intervals per core (TC c -> c, VC c -> num_tc + c) and the shared-bandwidth load of the
+    single-core ops, for serial schedule generation."""
 
-    def __init__(self, num_tc: int, num_vc: int) -> None:
+    def __init__(self, num_tc: int, num_vc: int, num_resources: int = 0) -> None:
         self.num_tc = num_tc
         self.busy: list[list[tuple[float, float]]] = [[] for _ in range(num_tc + num_vc)]
+        self.load = LoadProfile(num_resources)
 
-    def earliest(self, res: list[int], release: float, d: float) -> float:
-        cands = sorted({release, *(e for r in res for _, e in self.busy[r] if e > release)})
+    def earliest(self, res: list[int], release: float, d: float, dem=()) -> float:
+        """Earliest start >= ``release`` free on the cores ``res`` and with room for ``dem``; the
+        load only drops at an op's end, so the candidates are the release and those ends."""
+        ends = self.load.ends_after(release) if any(dem) else []
+        cands = sorted({release, *(e for r in res for _, e in self.busy[r] if e > release), *ends})
         for t in cands:
-            if all(not (a < t + d and t < b) for r in res for a, b in self.busy[r]):
+            if all(not (a < t + d and t < b) for r in res for a, b in self.busy[r]) and \
+                    self.load.fits(t, d, dem):
                 return t
         raise AssertionError("unreachable: the latest end is always feasible")
 
-    def add(self, res: list[int], s: float, e: float) -> None:
+    def add(self, res: list[int], s: float, e: float, dem=()) -> None:
         for r in res:
             self.busy[r].append((s, e))
+        self.load.add(s, e, dem if len(dem) else (0,) * self.load.r)
 
 
 def _mode_resources(problem: LayerProblem, i: int, intra: bool, c: int) -> list[int]:
@@ -81,7 +92,9 @@ def _list_schedule(problem: LayerProblem, priority: Any, modes: np.ndarray | Non
     succ: list[list[int]] = [[] for _ in range(n)]
     for s, d in zip(problem.edge_src.tolist(), problem.edge_dst.tolist()):
         succ[s].append(d)
-    tl = _Timelines(problem.num_tc, problem.num_vc)
+    dem = demands(problem)
+    nodem = (0,) * dem.shape[0]
+    tl = _Timelines(problem.num_tc, problem.num_vc, dem.shape[0])
     start = np.zeros(n)
     end = np.zeros(n)
     intra = np.zeros(n, bool)
@@ -100,7 +113,7 @@ def _list_schedule(problem: LayerProblem, priority: Any, modes: np.ndarray | Non
         if modes is None or not modes[i]:
             for c in range(ncores):
                 res = _mode_resources(problem, i, False, c)
-                s = tl.earliest(res, rel, problem.latency_s[i])
+                s = tl.earliest(res, rel, problem.latency_s[i], tuple(dem[:, i]))
                 key = (s + problem.latency_s[i], 0, c)
                 if best is None or key < best[0]:
                     best = (key, s, False, c, res)
@@ -118,7 +131,7 @@ def _list_schedule(problem: LayerProblem, priority: Any, modes: np.ndarray | Non
                 tc[i] = c
             if k[i] != KIND_TC:
                 vc[i] = c
-        tl.add(res, s, s + d)
+        tl.add(res, s, s + d, nodem if yi else tuple(dem[:, i]))
         for v in succ[i]:
             left[v] -= 1
             if left[v] == 0:

@@ -4,16 +4,22 @@ of a core type back only once a solution over-subscribes that type.
 ``_LazyState`` is what the rounds carry from one call to the next (the quick first attempt and the
 second phase of ``solve._solve_connected`` share it), so a later call neither repeats a round nor
 forgets a bound.
+
+With bandwidth shares the HiGHS backend has only pairwise no-overlap constraints; a rebuilt schedule
+in which a larger set of single-core ops overlaps above the capacity adds a cut for that set
+(``milp.py``) and the round is re-solved, like a core type added back (CP-SAT's cumulatives never
+need one; the check runs for every backend all the same).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .contention import demands, overloaded_sets
 from .cpsat import _solve_cpsat
 from .heuristics import _repair
 from .model import _build_spec, _Raw, _Spec
@@ -34,9 +40,10 @@ class _LazyState:
 
     z_types: dict[str, bool]  # "tc" / "vc": whether that core type's z-variables are in the model
     hint: LayerSchedule  # the best valid schedule known (heuristic, warm start or repaired round)
-    lazy_rounds: int = 0  # how many times z-variables were added back (``LayerSchedule.lazy_rounds``)
+    lazy_rounds: int = 0  # rounds re-solved after adding z-variables or bandwidth cuts (LayerSchedule's)
     bound_s: float = float("nan")  # best proven lower bound on the makespan, seconds; NaN: none yet
     solver: str = ""  # name of the backend that answered the last round
+    share_cuts: list = field(default_factory=list)  # op sets of the HiGHS bandwidth cuts so far
 
 
 def _run_backend(backend: str, problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
@@ -82,7 +89,7 @@ def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float,
         left = end - time.perf_counter()
         if left <= 0:
             return None
-        spec = _build_spec(problem, active["tc"], active["vc"])
+        spec = _build_spec(problem, active["tc"], active["vc"], st.share_cuts)
         raw = _run_backend(backend, problem, spec, left, rel_gap, st.hint, num_workers, st.bound_s)
         st.solver = raw.name
         # every round's model is a relaxation of (or equal to) the full one: its bound is valid
@@ -95,6 +102,17 @@ def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float,
         except RuntimeError:
             return None
         dur = np.where(intra, problem.intra_latency_s, problem.latency_s)
+        if problem.has_contention:
+            tol = 1e-9 * max(problem.horizon_s(), 1e-300)
+            cuts = [c for c in overloaded_sets(start, dur, intra, demands(problem), tol)
+                    if c not in st.share_cuts]
+            if cuts:
+                st.share_cuts.extend(cuts)
+                st.lazy_rounds += 1
+                fixed = _repair(problem, start, intra)
+                if fixed.makespan_s < st.hint.makespan_s:
+                    st.hint = fixed
+                continue
         use_tc, use_vc = _core_usage(problem, start, dur, intra)
         need = set()
         if not active["tc"] and use_tc > problem.num_tc:

@@ -1,6 +1,13 @@
 """The HiGHS backend (through PuLP): the formulation alone, without CP-SAT's redundant constraints,
 so that it stays an independent cross-check of the CP-SAT model.
 
+Shared bandwidth (``contention.py``) has no cumulative here. Two single-core ops whose demands sum
+above the capacity must not overlap: ``x_ij + x_ji >= 1`` for every such incomparable pair (an
+intra-op op is ordered by (9) anyway). A larger set S that overlaps in a rebuilt schedule with
+summed demand above the capacity gets the lazy cut ``Σ_{i<j in S} (x_ij + x_ji) >= 1`` (``lazy.py``
+re-solves): valid because single-core ops that pairwise overlap share an instant (Helly), where
+they would over-subscribe the resource, and a pair ordered by x cannot overlap.
+
 It always runs in a worker subprocess (``workers.py``): highspy and OR-Tools cannot share a process.
 """
 
@@ -81,6 +88,10 @@ def _milp_model(problem: LayerProblem, spec: _Spec) -> tuple[Any, dict[str, Any]
         for i in np.flatnonzero(problem.kind == KIND_FUSED).tolist():  # (14)
             for c in range(min(spec.k_tc, spec.k_vc)):
                 lp += z["tc"][i, c] == z["vc"][i, c]
+    for i, j in spec.share_pairs.tolist():  # shared bandwidth: pairs that cannot overlap
+        lp += x[i, j] + x[j, i] >= 1
+    for cut in spec.share_cuts:  # shared bandwidth: lazy cuts on larger sets
+        lp += pulp.lpSum(x[a, b] + x[b, a] for k, a in enumerate(cut) for b in cut[k + 1:]) >= 1
     return lp, {"T": T, "t": t, "p": p, "y": y, "x": x, "z": z, "unit": unit}
 
 

@@ -7,10 +7,11 @@ arrays, not solver objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .contention import SHARE_QUANTUM, demands
 from .problem import KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 
 
@@ -29,9 +30,13 @@ class _Spec:
     k_vc: int
     tc: bool
     vc: bool
+    # shared bandwidth (HiGHS only; CP-SAT uses cumulatives): incomparable pairs whose demands sum
+    # above the capacity on some resource, and the lazy cuts' op sets (each: some pair is ordered)
+    share_pairs: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    share_cuts: list = field(default_factory=list)
 
 
-def _build_spec(problem: LayerProblem, tc: bool, vc: bool) -> _Spec:
+def _build_spec(problem: LayerProblem, tc: bool, vc: bool, share_cuts=()) -> _Spec:
     n = problem.num_ops
     r = problem.reach()
     eye = np.eye(n, dtype=bool)
@@ -51,8 +56,13 @@ def _build_spec(problem: LayerProblem, tc: bool, vc: bool) -> _Spec:
     k = problem.kind
     n_tc = int(((k == KIND_TC) | (k == KIND_FUSED)).sum())
     n_vc = int(((k == KIND_VC) | (k == KIND_FUSED)).sum())
+    pairs = np.zeros((0, 2), dtype=np.int64)
+    if problem.has_contention:
+        dem = demands(problem)
+        over = ((dem[:, :, None] + dem[:, None, :]) > SHARE_QUANTUM).any(axis=0)
+        pairs = np.argwhere(np.triu(over & inc, 1)).astype(np.int64)
     return _Spec(n, r, inc_i, inc_j, prec_i, prec_j, tri, min(problem.num_tc, n_tc),
-                 min(problem.num_vc, n_vc), tc, vc)
+                 min(problem.num_vc, n_vc), tc, vc, pairs, [tuple(c) for c in share_cuts])
 
 
 @dataclass

@@ -3,6 +3,10 @@
 
 The plan is separate from the solving so that ``platform`` can solve the unique instances on a pool
 of Ray actors and ``assemble`` the per-layer makespans here, without this package importing ray.
+
+Shared bandwidth: given per-row ``hbm_share``/``glb_share`` (``OpEstimates``) and ``contention``
+(default True), every instance carries its ops' shares (``contention.py``); without the shares, or
+with ``contention=False``, the instances are the paper's model and keep their old cache keys.
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ from .schedule import LayerSchedule
 from .solve import solve_layer
 
 
-def layer_problems(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int
-                   ) -> dict[str, list[LayerProblem]]:
-    """Every layer's forward and backward ``LayerProblem`` (lists indexed by layer)."""
+def layer_problems(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int,
+                   hbm_share: Any = None, glb_share: Any = None) -> dict[str, list[LayerProblem]]:
+    """Every layer's forward and backward ``LayerProblem`` (lists indexed by layer), with the
+    per-row bandwidth shares when given."""
     out = {"forward": [], "backward": []}
-    for _, _, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, {}):
+    for _, _, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, {},
+                                               hbm_share, glb_share):
         out["backward" if bw else "forward"].append(prob)
     return out
 
 
-def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: int, memo: dict):
+def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: int, memo: dict,
+                         hbm_share: Any = None, glb_share: Any = None):
     from ....workloads.layers import structural_hashes
 
     single = np.asarray(single, dtype=np.float64)
@@ -35,6 +42,13 @@ def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: in
     if single.shape != (g.num_nodes,) or all_.shape != (g.num_nodes,):
         raise ValueError(f"latency arrays must have one entry per graph row ({g.num_nodes}); got "
                          f"{single.shape} and {all_.shape}")
+    shares = []
+    for f, a in (("hbm_share", hbm_share), ("glb_share", glb_share)):
+        if a is not None:
+            a = np.asarray(a, dtype=np.float64)
+            if a.shape != (g.num_nodes,):
+                raise ValueError(f"{f} must have one entry per graph row ({g.num_nodes}); got {a.shape}")
+        shares.append(a)
     names = tuple(g.meta.get("layers", ()))
     if not names:
         raise ValueError(f"graph {g.meta.get('model')!r} has no layers (meta['layers'] is empty)")
@@ -48,7 +62,8 @@ def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: in
     for bw in (False, True):
         for li in range(len(names)):
             rows = np.flatnonzero((layer == li) & (bwd == bw))
-            mkey = (hashes[li], bw, single[rows].tobytes(), all_[rows].tobytes())
+            mkey = (hashes[li], bw, single[rows].tobytes(), all_[rows].tobytes(),
+                    *(None if a is None else a[rows].tobytes() for a in shares))
             if mkey in memo:
                 yield li, mkey, bw, memo[mkey]
                 continue
@@ -57,7 +72,8 @@ def _iter_layer_problems(g: Any, single: Any, all_: Any, num_tc: int, num_vc: in
             inside = (local[src] >= 0) & (local[dst] >= 0)
             ltopo = local[rows[np.argsort(topo_pos[rows])]]
             prob = _problem_from_rows(g.nodes["core"][rows], g.nodes["name"][rows], local[src[inside]],
-                                      local[dst[inside]], single[rows], all_[rows], num_tc, num_vc, ltopo)
+                                      local[dst[inside]], single[rows], all_[rows], num_tc, num_vc, ltopo,
+                                      *(None if a is None else a[rows] for a in shares))
             memo[mkey] = prob
             yield li, mkey, bw, prob
 
@@ -91,21 +107,27 @@ class LayerPlan:
 
 
 def plan_layer_schedules(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int,
-                         **settings: Any) -> LayerPlan:
-    """The unique layer-slice ILP instances of a graph and which layer uses which. ``settings`` are
-    the ``solve_layer`` options that enter the cache key (backend, time_limit_s, rel_gap, lazy,
-    decompose); others are ignored."""
+                         hbm_share: Any = None, glb_share: Any = None, **settings: Any) -> LayerPlan:
+    """The unique layer-slice ILP instances of a graph and which layer uses which. ``hbm_share`` /
+    ``glb_share``: per-row bandwidth shares (``OpEstimates``), attached to the instances unless
+    ``settings["contention"]`` is False. ``settings`` are the ``solve_layer`` options that enter the
+    cache key (backend, time_limit_s, rel_gap, lazy, decompose, contention, large_time_limit_s,
+    large_min_ops); others are ignored."""
     names = tuple(g.meta.get("layers", ()))
     L = len(names)
-    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose")
+    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose",
+                                         "contention", "large_time_limit_s", "large_min_ops")
                 if k in settings}
+    if not settings.get("contention", True):
+        hbm_share = glb_share = None
     keys = {"forward": [""] * L, "backward": [""] * L}
     seq = {"forward": np.zeros(L), "backward": np.zeros(L)}
     num_ops = {"forward": np.zeros(L, np.int64), "backward": np.zeros(L, np.int64)}
     problems: dict[str, LayerProblem] = {}
     memo: dict = {}
     by_mkey: dict = {}
-    for li, mkey, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, memo):
+    for li, mkey, bw, prob in _iter_layer_problems(g, est_single_s, est_all_s, num_tc, num_vc, memo,
+                                                   hbm_share, glb_share):
         pas = "backward" if bw else "forward"
         key = by_mkey.get(mkey)
         if key is None:
@@ -118,9 +140,11 @@ def plan_layer_schedules(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int,
 
 
 def schedule_layers(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_vc: int,
-                    **solve_kw: Any) -> dict[str, Any]:
+                    hbm_share: Any = None, glb_share: Any = None, **solve_kw: Any) -> dict[str, Any]:
     """Solve every layer's forward and backward subgraph; each distinct (structural hash, pass,
-    latencies) is solved once, so repeated transformer blocks share one solve.
+    latencies, shares) is solved once, so repeated transformer blocks share one solve. With per-row
+    ``hbm_share``/``glb_share`` and ``contention`` (a ``solve_kw``, default True) the schedules
+    respect the shared HBM/GLB bandwidth; without shares they are the paper's model.
 
     Returns a dict with ``forward_s``/``backward_s`` (ILP makespans, arrays indexed by layer),
     ``sequential_forward_s``/``sequential_backward_s`` (Σ ℓ̂ baselines), ``keys`` (per pass, the
@@ -130,7 +154,7 @@ def schedule_layers(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int, num_
     ``cache_hits`` (layer lookups answered without a solve, including repeats within this call)
     and ``solve_time_s`` (sum over the solves done now).
     """
-    plan = plan_layer_schedules(g, est_single_s, est_all_s, num_tc, num_vc, **solve_kw)
+    plan = plan_layer_schedules(g, est_single_s, est_all_s, num_tc, num_vc, hbm_share, glb_share, **solve_kw)
     schedules: dict[str, LayerSchedule] = {}
     solved, solve_time = 0, 0.0
     for key, prob in plan.problems.items():

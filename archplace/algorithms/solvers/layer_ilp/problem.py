@@ -28,6 +28,11 @@ class LayerProblem:
     ``kind``: 0 TC-operator, 1 VC-operator, 2 fused operator. ``latency_s`` is ℓ (one core, or one
     fused pair), ``intra_latency_s`` is ℓ̂ (all cores of the op's type). ``edge_src``/``edge_dst``
     are data dependences (deduplicated and sorted on construction).
+
+    ``hbm_share``/``glb_share`` (optional, in [0, 1]): the fraction of the shared HBM / GLB
+    bandwidth op i draws while it runs on one core; the running single-core ops' shares must sum to
+    at most 1 at every instant (``contention.py``). None (the default) is the paper's model: no
+    contention, and the cache key is what it was.
     """
 
     kind: np.ndarray
@@ -38,6 +43,8 @@ class LayerProblem:
     num_tc: int
     num_vc: int
     names: tuple[str, ...] | None = None
+    hbm_share: np.ndarray | None = None
+    glb_share: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         kind = np.asarray(self.kind)
@@ -61,6 +68,19 @@ class LayerProblem:
                 i = int(np.flatnonzero(badl)[0])
                 raise ValueError(f"op {self._label(i)}: {f} is {a[i]}, must be a finite number >= 0")
             lat[f] = a
+        shares = {}
+        for f in ("hbm_share", "glb_share"):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            a = np.asarray(v, dtype=np.float64)
+            if a.shape != (n,):
+                raise ValueError(f"{f} has shape {a.shape}, expected ({n},)")
+            bads = ~np.isfinite(a) | (a < 0) | (a > 1)
+            if bads.any():
+                i = int(np.flatnonzero(bads)[0])
+                raise ValueError(f"op {self._label(i)}: {f} is {a[i]}, must be a finite number in [0, 1]")
+            shares[f] = a
         for f in ("num_tc", "num_vc"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
@@ -91,8 +111,10 @@ class LayerProblem:
         object.__setattr__(self, "edge_dst", dst)
         object.__setattr__(self, "num_tc", int(self.num_tc))
         object.__setattr__(self, "num_vc", int(self.num_vc))
+        for f, a in shares.items():
+            object.__setattr__(self, f, a)
         self._topo()  # raises on a cycle
-        for a in (kind, lat["latency_s"], lat["intra_latency_s"], src, dst):
+        for a in (kind, lat["latency_s"], lat["intra_latency_s"], src, dst, *shares.values()):
             a.setflags(write=False)
 
     def _label(self, i: int) -> str:
@@ -149,31 +171,48 @@ class LayerProblem:
             pred[d].append(s)
         return pred
 
+    @property
+    def has_contention(self) -> bool:
+        """Whether shared-bandwidth shares are given (``contention.py``)."""
+        return self.hbm_share is not None or self.glb_share is not None
+
+    def without_contention(self) -> LayerProblem:
+        """The same instance in the paper's model (no shares)."""
+        if not self.has_contention:
+            return self
+        return LayerProblem(self.kind, self.latency_s, self.intra_latency_s, self.edge_src, self.edge_dst,
+                            self.num_tc, self.num_vc, self.names)
+
     def horizon_s(self) -> float:
         """Big-M ``H = min(Σ ℓ̂, Σ ℓ)`` (spec §11.3)."""
         return float(min(self.intra_latency_s.sum(), self.latency_s.sum()))
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_graph(cls, sub: Any, single_s: Any, all_s: Any, num_tc: int, num_vc: int) -> LayerProblem:
+    def from_graph(cls, sub: Any, single_s: Any, all_s: Any, num_tc: int, num_vc: int,
+                   hbm_share: Any = None, glb_share: Any = None) -> LayerProblem:
         """From one layer's forward or backward subgraph (an ``OpGraph``) and its per-row ℓ
-        (``single_s``) and ℓ̂ (``all_s``). Ops with core ``none`` are dropped; each dropped op's
-        predecessors are connected to its successors (transitively through chains of dropped ops)."""
+        (``single_s``) and ℓ̂ (``all_s``), and optionally per-row bandwidth shares. Ops with core
+        ``none`` are dropped; each dropped op's predecessors are connected to its successors
+        (transitively through chains of dropped ops)."""
         n = sub.num_nodes
         single_s = np.asarray(single_s, dtype=np.float64)
         all_s = np.asarray(all_s, dtype=np.float64)
-        for f, a in (("single_s", single_s), ("all_s", all_s)):
-            if a.shape != (n,):
-                raise ValueError(f"{f} has shape {a.shape}, expected ({n},): one latency per graph row")
+        for f, a in (("single_s", single_s), ("all_s", all_s), ("hbm_share", hbm_share),
+                     ("glb_share", glb_share)):
+            if a is not None and np.shape(a) != (n,):
+                what = "latency" if f.endswith("_s") else "share"
+                raise ValueError(f"{f} has shape {np.shape(a)}, expected ({n},): one {what} per graph row")
         src, dst = sub.edge_pos
         return _problem_from_rows(sub.nodes["core"], sub.nodes["name"], src, dst, single_s, all_s,
-                                  num_tc, num_vc, sub.topo_order())
+                                  num_tc, num_vc, sub.topo_order(), hbm_share, glb_share)
 
 
 def _problem_from_rows(core: np.ndarray, names: np.ndarray, src: np.ndarray, dst: np.ndarray,
                        single_s: np.ndarray, all_s: np.ndarray, num_tc: int, num_vc: int,
-                       topo: np.ndarray) -> LayerProblem:
-    """Rows 0..len(core)-1 with local edge positions ``src -> dst`` and a topological order."""
+                       topo: np.ndarray, hbm_share: Any = None, glb_share: Any = None) -> LayerProblem:
+    """Rows 0..len(core)-1 with local edge positions ``src -> dst`` and a topological order;
+    optional per-row shares (None: no contention)."""
     n = len(core)
     kind = np.full(n, -1, dtype=np.int64)
     for i, c in enumerate(core):
@@ -202,4 +241,6 @@ def _problem_from_rows(core: np.ndarray, names: np.ndarray, src: np.ndarray, dst
             front[u] = inc
     return LayerProblem(kind[keep], single_s[keep], all_s[keep], np.asarray(es, dtype=np.int64),
                         np.asarray(ed, dtype=np.int64), num_tc, num_vc,
-                        tuple(str(s) for s in np.asarray(names)[keep]))
+                        tuple(str(s) for s in np.asarray(names)[keep]),
+                        None if hbm_share is None else np.asarray(hbm_share, dtype=np.float64)[keep],
+                        None if glb_share is None else np.asarray(glb_share, dtype=np.float64)[keep])

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ....workloads.graph import kahn_order
+from .contention import SHARE_QUANTUM, demands, overloaded_sets, peak_loads, resource_names
 from .problem import KIND_FUSED, KIND_NAMES, KIND_TC, KIND_VC, LayerProblem
 
 STATUSES = ("optimal", "feasible", "fallback", "trivial")
@@ -28,7 +29,11 @@ class LayerSchedule:
 
     ``tc_core``/``vc_core`` are -1 for intra-op ops and for ops not of that type (0-based; fused ops
     have equal indices). ``gap`` is the proven relative gap ``1 − bound/makespan`` (0 when optimal,
-    NaN when no bound is known). ``lazy_rounds`` counts how many times z-constraints were added back.
+    NaN when no bound is known). ``lazy_rounds`` counts the rounds re-solved after z-constraints (or,
+    for HiGHS with bandwidth shares, bandwidth cuts) were added back.
+    ``peak_hbm_share``/``peak_glb_share``: the largest summed share of the shared HBM / GLB bandwidth
+    over the single-core ops running at one instant (``contention.py``); NaN when the problem has
+    no shares of that resource (``peak_shares`` computes it for any share arrays).
     """
 
     makespan_s: float
@@ -43,6 +48,8 @@ class LayerSchedule:
     lazy_rounds: int = 0
     bound_s: float = float("nan")
     from_cache: bool = False
+    peak_hbm_share: float = float("nan")
+    peak_glb_share: float = float("nan")
 
     def durations(self, problem: LayerProblem) -> np.ndarray:
         return np.where(self.intra, problem.intra_latency_s, problem.latency_s)
@@ -64,6 +71,8 @@ class LayerSchedule:
         d["vc_core"] = np.asarray(d["vc_core"], dtype=np.int64)
         d["gap"] = float("nan") if d.get("gap") is None else float(d["gap"])
         d["bound_s"] = float("nan") if d.get("bound_s") is None else float(d["bound_s"])
+        for f in ("peak_hbm_share", "peak_glb_share"):
+            d[f] = float("nan") if d.get(f) is None else float(d[f])
         return cls(**d)
 
     def copy(self, **changes: Any) -> LayerSchedule:
@@ -81,9 +90,40 @@ def _conflicts(start: np.ndarray, end: np.ndarray, tol: float = 0.0) -> np.ndarr
     return c
 
 
+def peak_shares(problem: LayerProblem, schedule: LayerSchedule, hbm_share: np.ndarray | None = None,
+                glb_share: np.ndarray | None = None) -> dict[str, float]:
+    """Peak summed share per resource of the schedule's single-core ops running at one instant,
+    with the given shares (default: the problem's; a resource without shares is left out). Lets one
+    measure a schedule made without contention against the shares it ignored."""
+    d = schedule.durations(problem)
+    out = {}
+    for name, given, own in (("hbm", hbm_share, problem.hbm_share), ("glb", glb_share, problem.glb_share)):
+        sh = own if given is None else np.asarray(given, dtype=np.float64)
+        if sh is not None:
+            tol = 1e-9 * max(float((schedule.start_s + d).max(initial=0.0)), 1e-300)
+            out[name] = peak_loads(schedule.start_s, d, schedule.intra, sh, tol)[0]
+    return out
+
+
+def _check_bandwidth(problem: LayerProblem, s: np.ndarray, d: np.ndarray, intra: np.ndarray,
+                     tol: float) -> None:
+    """Shared-bandwidth capacity on the integer demands every method uses (``contention.py``)."""
+    dem = demands(problem)
+    bad = overloaded_sets(s, d, intra, dem, tol)
+    if bad:
+        ops = bad[0]
+        lab = problem._label
+        res = [r for k, r in enumerate(resource_names(problem)) if dem[k, list(ops)].sum() > SHARE_QUANTUM]
+        raise ValueError(f"ops {', '.join(lab(i) for i in ops)} run at the same time and draw "
+                         f"more than the whole {'/'.join(res).upper()} bandwidth")
+
+
 def check_schedule(problem: LayerProblem, schedule: LayerSchedule, rel_tol: float = 1e-9) -> None:
     """Raise ``ValueError`` on any violated constraint: precedence, exclusivity of intra-op ops,
-    one op per core at a time, core index ranges, fused pairing, and the reported makespan."""
+    one op per core at a time, core index ranges, fused pairing, the reported makespan, and, when
+    the problem has bandwidth shares, the shared HBM/GLB capacity (summed integer demands of the
+    single-core ops running at one instant ≤ ``SHARE_QUANTUM``; the float shares then sum to at most
+    1 plus the ceil rounding)."""
     n = problem.num_ops
     s = np.asarray(schedule.start_s, dtype=np.float64)
     intra = np.asarray(schedule.intra, dtype=bool)
@@ -138,6 +178,8 @@ def check_schedule(problem: LayerProblem, schedule: LayerSchedule, rel_tol: floa
             raise ValueError(f"ops {lab(i)} and {lab(j)} overlap on tensor core {tc[i]}")
         if vc[i] >= 0 and vc[i] == vc[j]:
             raise ValueError(f"ops {lab(i)} and {lab(j)} overlap on vector core {vc[i]}")
+    if problem.has_contention:
+        _check_bandwidth(problem, s, d, intra, tol)
 
 
 def _finish(problem: LayerProblem, start: np.ndarray, intra: np.ndarray, tc: np.ndarray,
@@ -145,9 +187,14 @@ def _finish(problem: LayerProblem, start: np.ndarray, intra: np.ndarray, tc: np.
             bound_s: float = float("nan"), lazy_rounds: int = 0) -> LayerSchedule:
     dur = np.where(intra, problem.intra_latency_s, problem.latency_s)
     span = float((start + dur).max()) if problem.num_ops else 0.0
-    return LayerSchedule(span, np.asarray(start, dtype=np.float64), np.asarray(intra, dtype=bool),
-                         np.asarray(tc, dtype=np.int64), np.asarray(vc, dtype=np.int64), status, gap,
-                         solver, time.perf_counter() - t0, lazy_rounds, bound_s)
+    out = LayerSchedule(span, np.asarray(start, dtype=np.float64), np.asarray(intra, dtype=bool),
+                        np.asarray(tc, dtype=np.int64), np.asarray(vc, dtype=np.int64), status, gap,
+                        solver, time.perf_counter() - t0, lazy_rounds, bound_s)
+    if problem.has_contention:
+        peaks = peak_shares(problem, out)
+        out.peak_hbm_share = peaks.get("hbm", float("nan"))
+        out.peak_glb_share = peaks.get("glb", float("nan"))
+    return out
 
 
 def _min_dur(problem: LayerProblem) -> np.ndarray:

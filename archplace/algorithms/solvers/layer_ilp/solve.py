@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import _cache_get, _cache_put, schedule_cache_key
+from .cache import _cache_get, _cache_put, effective_time_limit_s, schedule_cache_key
 from .cpsat import _warm_start
 from .heuristics import _heuristic
 from .lazy import _lazy_solve, _LazyState
@@ -58,7 +58,8 @@ def _run_warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int
 def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: float = 30.0,
                 rel_gap: float = 0.0, lazy: bool = True, *, decompose: bool = True,
                 num_workers: int | None = None, cache: bool = True,
-                cache_dir: str | Path | None = None) -> LayerSchedule:
+                cache_dir: str | Path | None = None, contention: bool = True,
+                large_time_limit_s: float | None = None, large_min_ops: int = 40) -> LayerSchedule:
     """Optimal (or time-limited best) schedule of one layer by Phaze's ILP.
 
     ``backend``: "cpsat" (OR-Tools CP-SAT, integer-scaled times) or "milp" (PuLP + HiGHS).
@@ -66,6 +67,10 @@ def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: flo
     gap target (0 = prove optimality). ``lazy`` applies Appendix A (z-variables only when needed).
     ``decompose`` solves the series segments of the DAG separately (exact; see ``_solve_layer``).
     ``num_workers``: CP-SAT search workers (default 8, CP-SAT's own default portfolio size).
+    ``contention``: respect the problem's shared-bandwidth shares (``contention.py``) when it has
+    them; False solves the paper's model (concurrent ops each get the full HBM/GLB bandwidth).
+    ``large_time_limit_s`` replaces ``time_limit_s`` for slices of at least ``large_min_ops`` ops
+    (``effective_time_limit_s``).
     Results are cached in memory (and under ``cache_dir`` when given) by ``schedule_cache_key``.
     """
     if backend not in BACKENDS:
@@ -74,6 +79,9 @@ def solve_layer(problem: LayerProblem, backend: str = "cpsat", time_limit_s: flo
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
     if not (rel_gap >= 0):
         raise ValueError(f"rel_gap must be >= 0, got {rel_gap}")
+    time_limit_s = effective_time_limit_s(problem.num_ops, time_limit_s, large_time_limit_s, large_min_ops)
+    if not contention:
+        problem = problem.without_contention()
     key = schedule_cache_key(problem, backend=backend, time_limit_s=time_limit_s, rel_gap=rel_gap,
                              lazy=lazy, decompose=decompose) if cache else None
     if key is not None:
@@ -141,7 +149,9 @@ def _subproblem(problem: LayerProblem, idx: np.ndarray) -> LayerProblem:
     names = tuple(problem.names[i] for i in idx) if problem.names is not None else None
     return LayerProblem(problem.kind[idx], problem.latency_s[idx], problem.intra_latency_s[idx],
                         local[problem.edge_src[inside]], local[problem.edge_dst[inside]], problem.num_tc,
-                        problem.num_vc, names)
+                        problem.num_vc, names,
+                        None if problem.hbm_share is None else problem.hbm_share[idx],
+                        None if problem.glb_share is None else problem.glb_share[idx])
 
 
 def _solve_layer(problem: LayerProblem, backend: str, time_limit_s: float, rel_gap: float, lazy: bool,
