@@ -24,16 +24,21 @@ _CPSAT_REDUNDANT = True  # add the implied constraints of _cpsat_redundant
 _CPSAT_SYMMETRY = True  # add the core-relabelling symmetry breaking of _cpsat_symmetry
 
 
+def _integer_times(problem: LayerProblem) -> tuple[float, np.ndarray, np.ndarray, int]:
+    """CP-SAT's integer time scale (package docstring): the unit ``res``, ℓ and ℓ̂ in units, and the
+    horizon ``H = min(Σ ℓ̂, Σ ℓ)`` (both all-sequential schedules are feasible)."""
+    res = problem.horizon_s() * TIME_RESOLUTION_REL
+    li = np.rint(problem.latency_s / res).astype(np.int64)
+    lh = np.rint(problem.intra_latency_s / res).astype(np.int64)
+    return res, li, lh, int(min(li.sum(), lh.sum()))
+
+
 def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
                  hint: LayerSchedule | None, num_workers: int, lower_bound_s: float = float("nan")) -> _Raw:
     from ortools.sat.python import cp_model
 
     n = spec.n
-    hz = problem.horizon_s()
-    res = hz * TIME_RESOLUTION_REL
-    li = np.rint(problem.latency_s / res).astype(np.int64)
-    lh = np.rint(problem.intra_latency_s / res).astype(np.int64)
-    H = int(min(lh.sum(), li.sum()))
+    res, li, lh, H = _integer_times(problem)
     md = cp_model.CpModel()
     T = md.new_int_var(0, H, "T")
     t = [md.new_int_var(0, H, f"t{i}") for i in range(n)]
@@ -311,10 +316,7 @@ def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, ca
     from ortools.sat.python import cp_model
 
     n = problem.num_ops
-    res = problem.horizon_s() * TIME_RESOLUTION_REL
-    li = np.rint(problem.latency_s / res).astype(np.int64)
-    lh = np.rint(problem.intra_latency_s / res).astype(np.int64)
-    H = int(min(li.sum(), lh.sum()))
+    res, li, lh, H = _integer_times(problem)
     md = cp_model.CpModel()
     T = md.new_int_var(0, H, "T")
     t = [md.new_int_var(0, H, f"t{i}") for i in range(n)]
