@@ -8,6 +8,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from test_cli_json import check_golden
 
 from archplace.platform.cli import main
 
@@ -22,6 +23,7 @@ def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, t
                "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    check_golden("tune-rl", res, str(tmp_path), keys_only=True)
     rows = pq.read_table(out / "trials.parquet").to_pylist()
     assert res["trials"] == len(rows) == 4 and not any(r["error"] for r in rows)
     # ASHA (grace 1 iteration, reduction factor 2) stops the worse trials at its rungs
