@@ -18,7 +18,7 @@ the token; processes started by the cluster inherit it, see deploy/README.md.
 
 import sys
 
-from archplace.platform.cli import main
+from archplace.cli import main
 
 
 def search_argv(argv: list[str]) -> list[str]:

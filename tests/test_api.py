@@ -11,7 +11,7 @@ import pytest
 from conftest import DNN_DATA
 
 from archplace import api
-from archplace.platform.cli import main
+from archplace.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 GNMT = str(DNN_DATA / "throughput-inputs/LayerGraphs/gnmt_training.json")

@@ -15,7 +15,7 @@ import transformers
 from torch import nn
 
 from archplace import api
-from archplace.platform.cli import main
+from archplace.cli import main
 from archplace.workloads.byom import find_layer_stacks, hf_model, hf_ref
 from archplace.workloads.extract import UnmappedOpsError
 from archplace.workloads.tp_roles import TP_ROLES, weight_role

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import DNN_DATA
 
-from archplace.platform.cli import main
+from archplace.cli import main
 from archplace.workloads import OpGraph
 
 DNN = str(DNN_DATA / "throughput-inputs/LayerGraphs/bert24_inference.json")

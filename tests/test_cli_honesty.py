@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import DNN_DATA
 
-from archplace.platform.cli import main
+from archplace.cli import main
 from archplace.workloads.models import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ def test_solve_dp_with_a_split_has_no_reason(capsys):
 
 # ---------------------------------------------------------------------- search summary
 def test_search_summary_prints_ilp_answers_and_why_nothing_fits(capsys):
-    from archplace.platform.cli import print_search
+    from archplace.cli.searching import print_search
 
     res = {"models": ["bert-base", "gpt3-175b"], "num_devices": 64, "global_batch": 256, "searcher": "phaze",
            "evaluated": 3, "failed": 0, "infeasible": 3, "common": None, "reference": None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import DNN_DATA
 
-from archplace.platform.cli import main
+from archplace.cli import main
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "cli"
 UPDATE = os.environ.get("ARCHPLACE_UPDATE_GOLDEN") == "1"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from archplace import api
-from archplace.platform.cli import main
+from archplace.cli import main
 
 
 def test_place_ops_equals_the_cli_and_the_simulator(capsys):

@@ -236,8 +236,8 @@ def test_h_shares_in_unit_interval_and_gemm_closed_form():
 
 @pytest.mark.parametrize("flag", [False, True])
 def test_i_no_contention_flag_reaches_the_solver(capsys, monkeypatch, flag):
+    from archplace import cli
     from archplace.algorithms.solvers.layer_ilp import planning
-    from archplace.platform import cli
 
     seen = []
 

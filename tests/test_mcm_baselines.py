@@ -68,7 +68,7 @@ def test_partition_command_json(capsys):
 
     from conftest import DNN_DATA
 
-    from archplace.platform.cli import main
+    from archplace.cli import main
 
     path = DNN_DATA / "throughput-inputs" / "LayerGraphs" / "gnmt_training.json"
     assert main(["partition", str(path), "--chiplets", "36", "--algo", "sa", "--budget", "10", "--json"]) == 0
@@ -86,7 +86,7 @@ def test_partition_command_ppo(ray_session, capsys, tmp_path):
 
     from conftest import DNN_DATA
 
-    from archplace.platform.cli import main
+    from archplace.cli import main
 
     path = DNN_DATA / "throughput-inputs" / "LayerGraphs" / "gnmt_inference.json"
     assert main(["partition", str(path), "--algo", "ppo", "--budget", "8", "--json"]) == 0

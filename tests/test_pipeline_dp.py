@@ -14,13 +14,13 @@ from archplace import api
 from archplace.algorithms.rl.pipeline_plan import cluster_of, model_profile
 from archplace.algorithms.solvers.pipeline_dp import solve_dp
 from archplace.algorithms.solvers.pipeline_exact import candidate_pivots, solve_exact
+from archplace.cli import main
 from archplace.hardware.presets import (
     INTER_SERVER_25GBPS_BYTES_PER_S,
     NVLINK2_BW_BYTES_PER_S,
     V100,
     Cluster,
 )
-from archplace.platform.cli import main
 from archplace.simulators.pipeline import PipelineProfile, PipelineSetup, allocate_devices, evaluate
 
 GiB = 2.0**30

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from archplace.platform.cli import main
+from archplace.cli import main
 from archplace.platform.trial import FAULT_ENV, SearchSettings, arch_key
 
 pytestmark = pytest.mark.slow
@@ -210,7 +210,7 @@ def _alive_actors_of_other_jobs(ray_session) -> dict[str, str]:
 
 def _start_driver(ray_session, out: Path, *extra: str) -> subprocess.Popen:
     addr = ray_session.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "archplace.platform.cli", "search", *CLI_SMALL, "--out", str(out),
+    cmd = [sys.executable, "-m", "archplace.cli", "search", *CLI_SMALL, "--out", str(out),
            "--address", addr, "--json", *extra]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)

@@ -23,7 +23,7 @@ def cluster(tmp_path_factory):
 
 
 def _cli(cluster, *args: str, timeout: float = 600) -> dict:
-    out = subprocess.run([sys.executable, "-m", "archplace.platform.cli", *args, "--address",
+    out = subprocess.run([sys.executable, "-m", "archplace.cli", *args, "--address",
                           cluster.gcs_address, "--json"], cwd=REPO_ROOT, env=cluster.env, capture_output=True,
                          text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-4000:] + cluster.logs()

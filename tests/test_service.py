@@ -291,7 +291,7 @@ def test_operation_cancel_and_partition(svc):
 
 
 def test_non_loopback_bind_without_auth_is_refused(tmp_path, capsys):
-    from archplace.platform.cli import main
+    from archplace.cli import main
     from archplace.service.deployment import ServeConfig, check_config
 
     with pytest.raises(ValueError, match="refusing to serve without authentication"):
@@ -307,7 +307,7 @@ def test_non_loopback_bind_without_auth_is_refused(tmp_path, capsys):
 def test_token_command_prints_the_token_last_and_stores_its_hash(tmp_path, capsys):
     import sqlalchemy as sa
 
-    from archplace.platform.cli import main
+    from archplace.cli import main
     from archplace.service.auth import token_hash
     from archplace.service.db import make_engine, tokens
 

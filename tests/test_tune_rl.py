@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_cli_json import check_golden
 
-from archplace.platform.cli import main
+from archplace.cli import main
 
 pytestmark = pytest.mark.slow
 

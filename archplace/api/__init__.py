@@ -1,6 +1,6 @@
 """archplace's one public Python API: typed requests in, typed results out.
 
-The command line (``archplace.platform.cli``), the service (``archplace.service``) and Python users
+The command line (``archplace.cli``), the service (``archplace.service``) and Python users
 all call these functions, so that an answer does not depend on the door it was asked through: the
 CLI only turns argv into a request and prints ``result.to_dict()``; the service turns JSON into a
 request with ``from_dict`` and returns ``to_dict()``.

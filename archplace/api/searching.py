@@ -58,9 +58,9 @@ class SearchRequest(Request):
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
 
     def settings(self):
-        """The ``SearchSettings`` that define the search's results (imports Ray)."""
+        """The ``SearchSettings`` that define the search's results."""
         from ..hardware.space import load_space_config
-        from ..platform.trial import SearchSettings
+        from ..platform.settings import SearchSettings
 
         return SearchSettings(
             models=tuple(self.models), num_devices=self.accelerators, global_batch=self.global_batch,

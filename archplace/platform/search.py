@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from .lock import OutDirLock
+from .settings import SearchSettings
 from .store import ResultStore
-from .trial import FAULT_ENV, METRIC, SCHEDULES, SearchSettings
+from .trial import FAULT_ENV, METRIC, SCHEDULES
 
 # A trial only submits tasks and waits, so it reserves memory (its process) and no CPU: the tasks take
 # whole CPUs, and even 0.01 CPU per trial would leave a node 0.99 CPU short of its last task (on a
@@ -209,7 +210,7 @@ def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progres
     from ray.tune import Callback
 
     from ..algorithms.search import nearest_index
-    from .trial import SearchSettings, arch_columns
+    from .evaluate import arch_columns
 
     settings = SearchSettings.from_dict(meta["settings"])
     counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}

@@ -101,7 +101,7 @@ def sequential_task(archs: list[dict[str, Any]], settings_dict: dict[str, Any],
     every op intra-op parallel, Phaze's baseline): estimates, DP input and DP per model. Returns one
     ``{"rows": [...], "value": avg}`` per architecture, in order."""
     from .evaluate import evaluate_sequential
-    from .trial import SearchSettings
+    from .settings import SearchSettings
 
     settings = SearchSettings.from_dict(settings_dict)
     by_case = dict(zip(case_keys, graphs))

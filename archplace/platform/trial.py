@@ -17,7 +17,6 @@ import math
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ import ray
 
 from ..algorithms.solvers.placement import PlacementLayers
 from ..algorithms.solvers.throughput import slice_report, slice_summary
-from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 from .evaluate import arch_columns, arch_key, expert_for, placement_row
+from .settings import SearchSettings
 from .tasks import dp_task, get, prepare_task, sequential_task, solve_task
 
 METRIC = "throughput_avg"
@@ -38,54 +37,6 @@ SOLVES_PER_TASK = 2       # layer slices per solve_task: few enough to spread, e
 
 __all__ = ["METRIC", "FAULT_ENV", "SCHEDULES", "SearchSettings", "arch_columns", "arch_key",
            "evaluate_architecture", "search_trainable"]
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """Everything that defines a search's results (a resumed search must match it). ``space`` is the
-    search space's content (``load_space_config``), ``None`` for the packaged Phaze space: shipped
-    to the workers by value, so no node needs the YAML file."""
-
-    models: tuple[str, ...]
-    num_devices: int = 1024
-    global_batch: int = 4096
-    microbatches: tuple[int, ...] = (1, 2, 4, 8)
-    hbm_gb: tuple[float, ...] = (32, 64, 80)
-    recompute: tuple[bool, ...] = (False, True)
-    seq: int | None = None
-    optimizer: str = "sgd"
-    link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
-    ilp_time_limit_s: float = 5.0
-    space: dict | None = None
-    tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    schedule: str = "ilp"
-    contention: bool = True  # layer ILP: concurrently running ops share the HBM/GLB bandwidth
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["models"] = list(self.models)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SearchSettings:
-        d = dict(d)
-        for k in ("models", "microbatches", "hbm_gb", "recompute"):
-            d[k] = tuple(d[k])
-        d["tmp_widths"] = {m: tuple(v) for m, v in (d.get("tmp_widths") or {}).items()}
-        return cls(**d)
-
-    def widths(self, model: str) -> tuple[int, ...]:
-        from ..workloads.models import preset
-
-        w = self.tmp_widths.get(model) or preset(model).tmp_widths
-        return tuple(t for t in w if t <= self.num_devices)
-
-    def cases(self, model: str) -> list[tuple[int, int]]:
-        return [(m, t) for m in self.microbatches if self.global_batch % m == 0 for t in self.widths(model)]
-
-    def graph_keys(self) -> list[tuple[str, int, int]]:
-        """Every (model, microbatch, TMP width) graph the search needs."""
-        return [(m, mbs, t) for m in self.models for mbs, t in self.cases(m)]
 
 
 def _inject_fault(key: str, out_dir: str | None, spec: str = "") -> None:

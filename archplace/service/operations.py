@@ -28,6 +28,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from archplace import api
+
 from .db import operations, read_tx, results_cache, write_tx
 from .schemas import Operation, OperationList
 from .studies import NotFound
@@ -94,8 +96,6 @@ def _owned(conn: sa.Connection, owner: str, op_id: str):
 
 def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
     """What a Ray task runs: the public API call of ``kind`` (the same code as the CLI)."""
-    from .. import api
-
     if kind == "evaluate":
         req = dict(request)
         arch = req.pop("arch")

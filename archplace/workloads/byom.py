@@ -10,7 +10,8 @@
 
 The same graph comes out of ``archplace graph|estimate|place|search --hf-config config.json``: the CLI
 turns the path into the model reference ``hf:/abs/path/config.json`` (:func:`hf_ref`), which every
-command and Ray task resolves through ``models.preset`` and ``models.build_graph``. Nothing here is a
+command and Ray task resolves through ``models.preset`` and ``models.build_graph``; the references
+and :class:`HfModel` live one floor down, in ``hf_config.py`` (re-exported here). Nothing here is a
 silent fallback: an aten op without a cost model is an error unless allowed
 (``allow_unmapped_ops``), and tensor-parallel slicing needs every block GEMM's role
 (``tp_roles.py``).
@@ -18,266 +19,29 @@ silent fallback: an aten op without a cost model is an error unless allowed
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .graph import OpGraph
+from .hf_config import (
+    HF_PREFIX,
+    HfModel,
+    build_meta_model,
+    find_layer_stacks,
+    hf_model,
+    hf_ref,
+    is_hf_ref,
+    make_config,
+    read_config_file,
+    resolve_model_class,
+)
+from .models import append_loss, build_graph
 
-HF_PREFIX = "hf:"
-_ALLOW_SUFFIX = "?allow-unmapped-ops"
-# config fields that set a block stack's depth (transformers' names across families)
-_DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers",
-               "decoder_layers", "encoder_layers", "num_encoder_layers")
-_TMP_CANDIDATES = (1, 2, 4, 8)
-_DEFAULT_MAX_SEQ = 2048  # default sequence: the config's maximum positions, at most this
-_DROP_KEYS = ("model_type", "architectures", "transformers_version", "attn_implementation",
-              "_attn_implementation", "experts_implementation", "auto_map")
-
-
-# ---------------------------------------------------------------------- references
-def hf_ref(path: str | Path, allow_unmapped_ops: bool = False) -> str:
-    """The model reference of a config file, as ``build_graph`` and the CLI take it:
-    ``hf:/abs/path/config.json`` (with ``?allow-unmapped-ops`` when unmapped ops are accepted)."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"hf-config {str(path)!r} does not exist (give a transformers config.json or "
-                         "the directory holding one)")
-    return f"{HF_PREFIX}{p.resolve()}{_ALLOW_SUFFIX if allow_unmapped_ops else ''}"
-
-
-def is_hf_ref(name: Any) -> bool:
-    return isinstance(name, str) and name.startswith(HF_PREFIX)
-
-
-def _parse_ref(ref: str) -> tuple[Path, bool]:
-    body = ref[len(HF_PREFIX):]
-    allow = body.endswith(_ALLOW_SUFFIX)
-    if allow:
-        body = body[:-len(_ALLOW_SUFFIX)]
-    p = Path(body)
-    if not p.is_file():
-        raise ValueError(f"model {ref!r}: config file {body!r} does not exist")
-    return p, allow
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"hf-config {str(path)!r} cannot be read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"hf-config {str(path)!r} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"hf-config {str(path)!r} must hold a JSON object (a transformers config), "
-                         f"got {type(d).__name__}")
-    return d
-
-
-# ---------------------------------------------------------------------- config -> model
-def resolve_model_class(d: Mapping[str, Any]) -> type:
-    """The ``transformers`` class of a config dict: ``architectures[0]``, else the causal-LM class of
-    its ``model_type``, else its base model class."""
-    import transformers
-    from transformers.models.auto import modeling_auto
-
-    archs = d.get("architectures") or []
-    if archs:
-        name = archs[0]
-        cls = getattr(transformers, str(name), None) if isinstance(name, str) else None
-        if cls is None or not hasattr(cls, "config_class"):
-            raise ValueError(f"hf-config field 'architectures': {name!r} is not a model class of "
-                             f"transformers {transformers.__version__}")
-        return cls
-    mt = d.get("model_type")
-    if not isinstance(mt, str) or not mt:
-        raise ValueError("hf-config needs 'architectures' (a transformers model class) or 'model_type'; "
-                         "it has neither")
-    for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_MAPPING_NAMES):
-        name = mapping.get(mt)
-        if isinstance(name, (list, tuple)):
-            name = name[0]
-        if name and hasattr(transformers, name):
-            return getattr(transformers, name)
-    raise ValueError(f"hf-config field 'model_type': {mt!r} is not a model type of transformers "
-                     f"{transformers.__version__} (allowed: the keys of transformers' "
-                     "MODEL_MAPPING_NAMES, e.g. llama, mistral, gpt_neox, vit)")
-
-
-def make_config(d: Mapping[str, Any], cls: type, **overrides: Any):
-    """The config object of ``cls`` from the dict, with eager attention (two GEMMs and a softmax per
-    head, never a fused SDPA op) and ``overrides`` (depths) applied; list fields with one entry per
-    layer (``layer_types``) are cut to a reduced depth."""
-    kw = {k: v for k, v in d.items() if k not in _DROP_KEYS}
-    for key, new in overrides.items():
-        old = kw.get(key)
-        for k, v in list(kw.items()):
-            if isinstance(v, list) and isinstance(old, int) and len(v) == old and new < old:
-                kw[k] = v[:new]
-        kw[key] = new
-    try:
-        return cls.config_class(**kw, attn_implementation="eager")
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"hf-config does not make a {cls.config_class.__name__}: {e}") from None
-
-
-def build_meta_model(cls: type, config):
-    import torch
-
-    try:
-        with torch.device("meta"):
-            model = cls(config)
-    except Exception as e:  # noqa: BLE001 - any failure of a user's config is one line, not a traceback
-        raise ValueError(f"hf-config: building {cls.__name__} on the meta device failed: "
-                         f"{type(e).__name__}: {_first_line(e)}") from e
-    model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
-    return model
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:300]
-
-
-def find_layer_stacks(module) -> list[tuple[str, int]]:
-    """The block stacks of a module tree: each outermost ``nn.ModuleList`` whose children are all of
-    one class and hold parameters, as (path, length), in module order."""
-    import torch.nn as nn
-
-    found: list[tuple[str, int]] = []
-    for name, mod in module.named_modules():
-        if not name or not isinstance(mod, nn.ModuleList) or len(mod) == 0:
-            continue
-        if any(name.startswith(f + ".") for f, _ in found):
-            continue  # inside a block of an outer stack (experts of an MoE layer)
-        if len({type(c) for c in mod}) == 1 and next(mod.parameters(), None) is not None:
-            found.append((name, len(mod)))
-    return found
-
-
-# ---------------------------------------------------------------------- the model behind hf:PATH
-@dataclass(frozen=True)
-class HfModel:
-    """What ``models.preset`` returns for an ``hf:`` reference: the fields of a ``ModelPreset`` that
-    the graph builders, ``place`` and ``search`` use, for a config file."""
-
-    name: str                         # the reference, hf:/abs/path/config.json
-    family: str                       # the config's model_type (keys the tensor-parallel role table)
-    model_class: str
-    seq_len: int                      # default sequence (tokens; a vision model's patches + 1)
-    tmp_widths: tuple[int, ...]
-    source: str
-    stacks: dict[str, int]            # block stack path -> depth in the full model
-    depth_keys: dict[str, int]        # config fields reduced for capture -> full value
-    num_parameters: int               # transformers' count for the full model
-    main_input: str                   # input_ids or pixel_values
-    allow_unmapped_ops: bool
-    fingerprint: str                  # hash of the config file's content (graph caches key on it)
-    config_dict: dict[str, Any]
-
-    @property
-    def has_loss(self) -> bool:
-        return "For" in self.model_class  # a head (LM, classification): cross-entropy over its logits
-
-    @property
-    def roles(self) -> dict[str, str] | None:
-        from .tp_roles import role_table
-
-        return role_table(self.family)
-
-    def _cls(self) -> type:
-        import transformers
-
-        return getattr(transformers, self.model_class)
-
-    def make_config(self, **overrides: Any):
-        return make_config(self.config_dict, self._cls(), **overrides)
-
-    def build_model(self, capture_blocks: int | None = None):
-        """The model on the meta device; with ``capture_blocks``, every stack deeper than that is
-        built that deep."""
-        over = {} if capture_blocks is None else {k: min(v, capture_blocks)
-                                                 for k, v in self.depth_keys.items()}
-        return build_meta_model(self._cls(), self.make_config(**over))
-
-    def example_inputs(self, seq: int, mbs: int) -> tuple[tuple, dict[str, Any]]:
-        import torch
-
-        cfg = self.make_config()
-        if self.main_input == "pixel_values":
-            if seq != self.seq_len:
-                raise ValueError(f"seq: {self.model_class} sees {self.seq_len} tokens (patches + 1) of "
-                                 f"{cfg.image_size}-pixel images; it cannot be set (got {seq})")
-            size = int(cfg.image_size)
-            return (torch.zeros((mbs, int(cfg.num_channels), size, size), device="meta"),), {}
-        ids = torch.zeros((mbs, seq), dtype=torch.long, device="meta")
-        kwargs: dict[str, Any] = {}
-        if getattr(cfg, "is_encoder_decoder", False):
-            kwargs["decoder_input_ids"] = ids
-        if "use_cache" in inspect.signature(self._cls().forward).parameters:
-            kwargs["use_cache"] = False
-        return (ids,), kwargs
-
-
-def _vision_tokens(cfg) -> int | None:
-    size, patch = getattr(cfg, "image_size", None), getattr(cfg, "patch_size", None)
-    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
-        return (size // patch) ** 2 + 1
-    return None
-
-
-def hf_model(ref: str) -> HfModel:
-    """Resolve ``hf:PATH[?allow-unmapped-ops]`` (reads the file; cached by its content)."""
-    path, allow = _parse_ref(ref)
-    text = path.read_bytes()
-    return _hf_model(ref, str(path), allow, hashlib.sha256(text).hexdigest()[:16])
-
-
-@functools.lru_cache(maxsize=32)
-def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
-    import transformers
-
-    from .tp_roles import TP_ROLES
-
-    d = read_config_file(Path(path))
-    cls = resolve_model_class(d)
-    cfg = make_config(d, cls)
-    model = build_meta_model(cls, cfg)
-    main_input = getattr(model, "main_input_name", "input_ids")
-    if main_input not in ("input_ids", "pixel_values"):
-        raise ValueError(f"hf-config: {cls.__name__} takes {main_input!r}; --hf-config models take "
-                         "input_ids or pixel_values (use archplace.api.from_module with your own inputs)")
-    stacks = dict(find_layer_stacks(model))
-    cfg_dict = cfg.to_dict()
-    depths = {k: cfg_dict[k] for k in _DEPTH_KEYS
-              if isinstance(cfg_dict.get(k), int) and cfg_dict[k] in stacks.values()}
-    if main_input == "pixel_values":
-        seq = _vision_tokens(cfg)
-        if seq is None:
-            raise ValueError(f"hf-config: {cls.__name__} takes images but the config has no "
-                             "image_size / patch_size")
-    else:
-        max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-        seq = min(int(max_pos), _DEFAULT_MAX_SEQ) if max_pos else 512
-    widths: tuple[int, ...] = (1,)
-    if cfg.model_type in TP_ROLES:
-        heads = getattr(cfg, "num_attention_heads", None)
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
-        ffn = getattr(cfg, "intermediate_size", None)
-        widths = tuple(t for t in _TMP_CANDIDATES
-                       if all(isinstance(v, int) and v % t == 0 for v in (heads, kv) if v is not None)
-                       and (not isinstance(ffn, int) or ffn % t == 0))
-    return HfModel(name=ref, family=cfg.model_type, model_class=cls.__name__, seq_len=int(seq),
-                   tmp_widths=widths, source=f"transformers {transformers.__version__} {cls.__name__} "
-                   f"from {path}", stacks=stacks, depth_keys=depths,
-                   num_parameters=int(model.num_parameters()), main_input=main_input,
-                   allow_unmapped_ops=allow, fingerprint=fingerprint, config_dict=d)
+__all__ = ["HF_PREFIX", "HfModel", "build_meta_model", "find_layer_stacks", "from_hf_config", "from_module",
+           "hf_model", "hf_ref", "is_hf_ref", "make_config", "read_config_file", "resolve_model_class"]
 
 
 # ---------------------------------------------------------------------- public entry points
@@ -289,8 +53,6 @@ def from_hf_config(config: str | Path | Mapping[str, Any], *, seq: int | None = 
     the config as a dict (written to a temporary file, so that it has a reference like a file). One
     device's TMP slice of width ``tmp`` at microbatch ``mbs`` and sequence ``seq`` (default: the
     config's maximum positions, at most 2048), with the backward pass when ``training``."""
-    from .models import build_graph
-
     if isinstance(config, Mapping):
         import tempfile
 
@@ -325,7 +87,6 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
 
     from .backward import derive_backward
     from .extract import capture_ops, ops_to_graph
-    from .models import append_loss
     from .tp_roles import role_table
     from .transforms import slice_tensor_parallel
 

@@ -13,6 +13,7 @@ from typing import Any
 from .backward import derive_backward
 from .extract import capture_ops, ops_to_graph
 from .graph import OpGraph
+from .hf_config import hf_model, is_hf_ref
 from .transforms import replicate_blocks, slice_tensor_parallel
 
 
@@ -38,7 +39,7 @@ class ModelPreset:
     def depths(self) -> dict[str, int]:
         return {k: self.config[k] for k in self.layer_keys}
 
-    # the interface the graph builder shares with byom.HfModel (a model from a config file)
+    # the interface the graph builder shares with hf_config.HfModel (a model from a config file)
     allow_unmapped_ops = False
     fingerprint = ""
 
@@ -156,10 +157,8 @@ _HAS_LOSS = {"gpt2", "opt", "llama", "t5"}  # models with an LM head get a cross
 
 
 def preset(name: str):
-    """The preset ``name``, or the model of an ``hf:PATH`` reference (``byom.hf_ref``): a
-    ``ModelPreset`` or a ``byom.HfModel``, which share what the graph builders use."""
-    from .byom import hf_model, is_hf_ref
-
+    """The preset ``name``, or the model of an ``hf:PATH`` reference (``hf_config.hf_ref``): a
+    ``ModelPreset`` or a ``hf_config.HfModel``, which share what the graph builders use."""
     if is_hf_ref(name):
         return hf_model(name)
     try:

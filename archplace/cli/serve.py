@@ -53,8 +53,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Returns the exit status; errors are one line on stderr, as everywhere in the CLI."""
-    from .auth import create_token, revoke_tokens
-    from .db import make_engine
+    from archplace.service.auth import create_token, revoke_tokens
+    from archplace.service.db import make_engine
 
     if args.serve_command == "token":
         engine = make_engine(args.token_db or args.db or default_db())
@@ -74,8 +74,8 @@ def serve_forever(args) -> int:
 
     from ray import serve
 
-    from ..platform.search import connect
-    from .deployment import ServeConfig, check_config, port_free, start
+    from archplace.platform.search import connect
+    from archplace.service.deployment import ServeConfig, check_config, port_free, start
 
     cfg = ServeConfig(
         db=args.db or default_db(),

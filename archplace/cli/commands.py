@@ -1,0 +1,92 @@
+"""The ``archplace`` command line (contract in DESIGN.md): a human summary by default, one JSON
+object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback.
+
+The top floor of the package: each command group lives in its own module (``graphs``, ``placement``,
+``searching``, ``operator_placement``, ``partitioning``, ``pipelining``, ``tune_rl``, ``serve``), a thin
+layer over ``archplace.api`` (``archplace.service`` for ``serve``). This module puts them in one parser
+and turns errors into one-line messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from archplace import api
+from archplace.cli import (
+    graphs,
+    operator_placement,
+    partitioning,
+    pipelining,
+    placement,
+    searching,
+    serve,
+    tune_rl,
+)
+
+# a subcommand: (add its parser, run it -> the --json dict, print that dict for people)
+Command = tuple[Callable, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], None]]
+
+
+def _entry(module, command: str) -> Command:
+    """A command's functions, by the group modules' naming convention."""
+    name = command.replace("-", "_")
+    return (getattr(module, f"add_{name}_parser"), getattr(module, f"cmd_{name}"),
+            getattr(module, f"print_{name}"))
+
+
+# every one-shot subcommand, in the order of `archplace --help` (serve, a server, is handled apart)
+COMMANDS = {command: _entry(module, command) for command, module in (
+    ("models", graphs), ("graph", graphs), ("estimate", graphs), ("place", placement),
+    ("solve-dp", placement), ("search", searching), ("place-ops", operator_placement),
+    ("partition", partitioning), ("tune-rl", tune_rl), ("pipeline", pipelining), ("report", searching))}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="archplace", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for add, _, _ in COMMANDS.values():
+        add(sub)
+    serve.add_parser(sub)
+    return p
+
+
+# request fields whose flag is not "--" + the field with "-" for "_"
+FLAGS = {"model": "MODEL", "models": "MODEL", "file": "FILE", "out_dir": "--out", "hbm_gb": "--hbm",
+         "ilp_time_limit_s": "--ilp-time-limit", "contention": "--no-contention",
+         "time_limit_s": "--time-limit",
+         "wait_timeout_s": "--wait-timeout", "area_bucket_mm2": "--area-bucket"}
+
+
+def _flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":   # a long-running server (or its token commands), not a one-shot result
+        try:
+            return serve.run(args)
+        except (ValueError, OSError, TimeoutError) as e:
+            print(f"archplace serve: error: {e}", file=sys.stderr)
+            return 2
+    _, run, show = COMMANDS[args.command]
+    try:
+        res = run(args)
+    except api.InvalidRequest as e:  # the API names request fields; the CLI user knows the flags
+        print(f"archplace {args.command}: error: {e.render({f: _flag(f) for f in e.fields})}",
+              file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"archplace {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.json:
+            print(json.dumps(res, default=str))
+        else:
+            show(res)
+    except BrokenPipeError:  # `archplace ... | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+    return 0

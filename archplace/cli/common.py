@@ -1,0 +1,94 @@
+"""What every command group of the ``archplace`` command line shares: the model arguments, list
+parsing with one-line errors, number formatting, and starting Ray for the algorithms that need it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def fmt_flops(f: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if f >= scale:
+            return f"{f / scale:.2f} {unit}"
+    return f"{f:.0f} FLOP"
+
+
+def arch_label(a: dict[str, Any]) -> str:
+    """``tpuv4 {8, 2, 128, 128, 128}`` from an Accelerator's dict."""
+    return (f"{a['name'] or 'custom'} {{{a['num_tc']}, {a['num_vc']}, {a['pe_x']}, {a['pe_y']}, "
+            f"{a['pe_vc']}}}")
+
+
+def model_ref(args) -> str:
+    """MODEL, or the reference of ``--hf-config`` (a transformers config.json: ``hf:/abs/path``)."""
+    from archplace.workloads.byom import hf_ref
+
+    if args.hf_config and args.model:
+        raise ValueError(f"give MODEL or --hf-config, not both (got {args.model!r} and {args.hf_config!r})")
+    if args.hf_config:
+        return hf_ref(args.hf_config, allow_unmapped_ops=args.allow_unmapped_ops)
+    if not args.model:
+        raise ValueError("MODEL or --hf-config CONFIG.json is required")
+    return args.model
+
+
+def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    p.add_argument("--hf-config", metavar="CONFIG.json", action="append" if many else "store",
+                   help="any transformers config (the model class from its architectures or model_type), "
+                        "instead of a preset" + ("; repeat for several" if many else ""))
+    p.add_argument("--allow-unmapped-ops", action="store_true",
+                   help="--hf-config: count aten ops archplace has no cost model for as element-wise ops, "
+                        "with a warning listing them (default: an error naming them)")
+
+
+def parse_fixed(text: str | None, flag: str = "--fixed") -> tuple[int, int, int] | None:
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"{flag} must be p,d,t with three positive integers, got {text!r}")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def int_list(text: str, name: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def float_list(text: str, name: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated positive numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise ValueError(f"{name} must be comma-separated positive numbers, got {text!r}")
+    return vals
+
+
+def connect_if_needed(req, address: str | None) -> None:
+    """The API never starts Ray: for the algorithms that need it, check the request first (bad input
+    fails before Ray starts), then start the embedded Ray or attach to ``--address``."""
+    if req.needs_ray:
+        req.validate()
+        from archplace.platform.search import connect
+
+        connect(address)
+
+
+NO_CONTENTION_HELP = ("the paper's model: concurrently running ops each get the full HBM/GLB bandwidth "
+                      "(default: they share it, and ops whose demand together exceeds it run one after "
+                      "another)")

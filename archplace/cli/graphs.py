@@ -1,0 +1,123 @@
+"""``archplace`` ``models``, ``graph``, ``estimate``: what a model is and what it costs on an accelerator.
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace import api
+from archplace.cli.common import add_model_args, arch_label, fmt_bytes, fmt_flops, model_ref
+
+
+def cmd_models(args) -> dict[str, Any]:
+    from archplace.workloads.models import PRESETS
+
+    return {"models": [{"name": p.name, "class": p.model_class, "seq": p.seq_len,
+                        "tmp_widths": list(p.tmp_widths), "source": p.source,
+                        "blocks": sum(p.depths.values())} for p in PRESETS.values()],
+            "other_sources": ["any transformers config: --hf-config config.json",
+                              "dnn-partitioning JSON file (path ending in .json)",
+                              "archplace graph Parquet file (path ending in .parquet)"]}
+
+
+def print_models(res: dict[str, Any]) -> None:
+    print(f"{'model':15s} {'transformers class':28s} {'seq':>5s} {'blocks':>6s}  tmp widths  source")
+    for m in res["models"]:
+        print(f"{m['name']:15s} {m['class']:28s} {m['seq']:5d} {m['blocks']:6d}  "
+              f"{','.join(map(str, m['tmp_widths'])):10s}  {m['source']}")
+    print("also accepted as MODEL: " + "; ".join(res["other_sources"]))
+
+
+def cmd_graph(args) -> dict[str, Any]:
+    req = api.GraphRequest(model_ref(args), seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out)
+    return api.graph(req).to_dict()
+
+
+def print_graph(res: dict[str, Any]) -> None:
+    print(f"{res['model']}  (seq {res['seq']}, microbatch {res['mbs']}, tmp {res['tmp']})")
+    print(f"  ops          {res['ops']:,} ({res['forward_ops']:,} forward, "
+          f"{res['backward_ops']:,} backward), {res['edges']:,} edges")
+    print("  ops by core  " + ", ".join(f"{k} {v}" for k, v in res["ops_by_core"].items()))
+    print(f"  layers       {res['layers']} ({res.get('unique_layers', '-')} unique)")
+    print(f"  parameters   {res['parameters']:,} ({fmt_bytes(res['weight_bytes'])})")
+    print(f"  flops        forward {fmt_flops(res['forward_flops'])}, "
+          f"backward {fmt_flops(res['backward_flops'])}")
+    print(f"  activations  {fmt_bytes(res['activation_bytes'])} kept for backward")
+    for grp in res["repeated_layer_groups"]:
+        if grp["count"] > 1:
+            print(f"  repeated     {grp['count']} × {grp['layers'][0]} … {grp['layers'][-1]}")
+    if "out" in res:
+        print(f"  written      {res['out']}")
+    if res.get("unmapped_ops"):
+        print(f"  WARNING      unmapped ops counted as element-wise: {', '.join(res['unmapped_ops'])}")
+
+
+def cmd_estimate(args) -> dict[str, Any]:
+    req = api.EstimateRequest(model_ref(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
+                              backend=args.backend)
+    return api.estimate(req).to_dict()
+
+
+def _print_profiled(res: dict[str, Any]) -> None:
+    """A profiled graph's measured latencies, in the file's own time unit (no ms / µs labels)."""
+    t = res["totals"]
+    print(f"{res['model']}: measured latencies from the file [profiled]")
+    print(f"  note         {res['note']}")
+    print(f"  sum of ops   {t['sequential_single_core_s']:.6g} (forward {t['forward_s']:.6g}, "
+          f"backward {t['backward_s']:.6g}), in the file's unit")
+    top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
+    print(f"  {'slowest ops':58s} {'latency':>12s}")
+    for o in top:
+        print(f"  {o['name'][:58]:58s} {o['single_core_s']:12.6g}")
+
+
+def print_estimate(res: dict[str, Any]) -> None:
+    if res.get("reason"):
+        print(f"{res['model']}: all latencies are 0: {res['reason']}")
+    if res["backend"] == "profiled":
+        _print_profiled(res)
+        return
+    t = res["totals"]
+    a = res["arch"]
+    print(f"{res['model']} on {arch_label(a)} glb {a['glb_mb']:g} MB, {res['area_mm2']:.1f} mm², "
+          f"{res['peak_flops'] / 1e12:.1f} TFLOP/s peak  [{res['backend']}]")
+    print(f"  every op in sequence on one core : {t['sequential_single_core_s'] * 1e3:10.3f} ms "
+          f"(forward {t['forward_s'] * 1e3:.3f}, backward {t['backward_s'] * 1e3:.3f})")
+    print(f"  every op on all cores of its type: {t['all_cores_s'] * 1e3:10.3f} ms")
+    print("  by core (one core): " + ", ".join(f"{k} {v * 1e3:.3f} ms"
+                                               for k, v in t["by_core_single_s"].items() if v))
+    top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
+    print(f"  {'slowest ops':58s} {'core':6s} {'1 core µs':>11s} {'all µs':>10s}")
+    for o in top:
+        print(f"  {o['name'][:58]:58s} {o['core']:6s} {o['single_core_s'] * 1e6:11.1f} "
+              f"{o['all_cores_s'] * 1e6:10.1f}")
+
+
+def add_models_parser(sub) -> None:
+    m = sub.add_parser("models", help="known model names and their sources")
+    m.add_argument("--json", action="store_true")
+
+
+def add_graph_parser(sub) -> None:
+    g = sub.add_parser("graph", help="extract a model's training operator graph")
+    g.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
+    add_model_args(g)
+    g.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
+    g.add_argument("--mbs", type=int, default=1, help="microbatch size")
+    g.add_argument("--tmp", type=int, default=1, help="tensor-model-parallel width (one slice)")
+    g.add_argument("--out", help="write the graph to this Parquet file")
+    g.add_argument("--json", action="store_true")
+
+
+def add_estimate_parser(sub) -> None:
+    e = sub.add_parser("estimate", help="per-op latency of a model on an accelerator")
+    e.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
+    add_model_args(e)
+    e.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
+    e.add_argument("--backend", choices=["analytical", "zigzag"], default="analytical")
+    e.add_argument("--seq", type=int, default=None)
+    e.add_argument("--mbs", type=int, default=1)
+    e.add_argument("--tmp", type=int, default=1)
+    e.add_argument("--json", action="store_true")

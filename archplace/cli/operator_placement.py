@@ -1,0 +1,62 @@
+"""``archplace`` ``place-ops``: every operator of a training step on the GPUs of a machine (GDP).
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace import api
+from archplace.cli.common import connect_if_needed, fmt_bytes
+
+
+def cmd_place_ops(args) -> dict[str, Any]:
+    """Every operator of a model's training step on one GPU of a multi-GPU machine (GDP)."""
+    req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.machine,
+                              batch=args.batch, seed=args.seed, budget=args.budget,
+                              pretrained=args.pretrained, zero_shot=args.zero_shot)
+    connect_if_needed(req, args.address)
+    return api.place_ops(req).to_dict()
+
+
+def print_place_ops(res: dict[str, Any]) -> None:
+    print(f"{res['model']} ({res['nodes']} ops) on {res['devices']} x {res['machine']} [{res['algo']}, "
+          f"{res['wall_s']:.1f} s]")
+    state = "valid" if res["valid"] else f"INVALID: {res['reason']}"
+    sp = res["speedup_over_single"]
+    print(f"  step time    {res['step_time_s'] * 1e3:.2f} ms ({state})"
+          + (f"; {sp:.2f}x one GPU's {res['single_device_step_time_s'] * 1e3:.2f} ms" if sp else ""))
+    if "solver_status" in res:
+        print(f"  CP-SAT       {res['solver_status']}, gap {res['gap']:.1%}, lower bound "
+              f"{res['lower_bound_s'] * 1e3:.2f} ms")
+    if "ppo_iterations" in res:
+        g = res["greedy_policy_step_time_s"]
+        print(f"  GDP          {res['mode']}: {res['samples']} placements in {res['ppo_iterations']} PPO "
+              f"iterations; the result is the {res['result_is']}; the greedy policy's placement: "
+              f"{g * 1e3:.2f} ms{'' if res['greedy_policy_valid'] else ' (invalid)'}")
+    mem = ", ".join(fmt_bytes(b) for b in res["peak_memory_bytes"])
+    print(f"  peak memory  {mem} (of {fmt_bytes(res['memory_bytes'])} each)")
+    busy = ", ".join(f"{b * 1e3:.1f}" for b in res["compute_busy_s"])
+    print(f"  busy (ms)    {busy}; transfers {fmt_bytes(res['transfer_bytes'])}")
+
+
+def add_place_ops_parser(sub) -> None:
+    po = sub.add_parser("place-ops", help="place every operator of a training step on the GPUs of a machine "
+                                          "(GDP)")
+    po.add_argument("model", help="GDP preset: rnnlm-2|4|8, gnmt-2|4|8, txl-2|4|8, inception-v3, "
+                                  "wavenet-2x18, wavenet-4x36, ...")
+    po.add_argument("--devices", type=int, default=None,
+                    help="GPUs (default: the preset's, as in GDP's Table 1)")
+    po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf")
+    po.add_argument("--machine", choices=("p100-pcie", "v100-nvlink"), default="p100-pcie")
+    po.add_argument("--batch", type=int, default=None)
+    po.add_argument("--budget", type=float, default=30.0,
+                    help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds")
+    po.add_argument("--pretrained", default=None, help="gdp-pretrained: policy weights (.npz)")
+    po.add_argument("--zero-shot", action="store_true",
+                    help="gdp-pretrained: the pre-trained policy's placement, no updates")
+    po.add_argument("--address", help="gdp: attach to a running Ray cluster: auto or HOST:PORT "
+                                      "(default: an embedded local Ray)")
+    po.add_argument("--seed", type=int, default=0)
+    po.add_argument("--json", action="store_true")

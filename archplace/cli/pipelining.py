@@ -1,0 +1,74 @@
+"""``archplace`` ``pipeline``: pipeline cuts of a model on V100 servers (Auto-MAP).
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace import api
+from archplace.cli.common import connect_if_needed
+
+
+def cmd_pipeline(args) -> dict[str, Any]:
+    """Pipeline cuts of a model on V100 servers (Auto-MAP): the exact DP over every contiguous cut set
+    (default), the DQN, the pre-trained agent or enumeration of the pruned candidates."""
+    req = api.PipelineRequest(args.model, cluster=args.cluster, stages=args.stages, algo=args.algo,
+                              budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
+                              pretrained=args.pretrained, env_runners=args.env_runners,
+                              learners=args.learners)
+    connect_if_needed(req, args.address)
+    return api.pipeline(req).to_dict()
+
+
+def print_pipeline(res: dict[str, Any]) -> None:
+    o = res["optimum"]
+    dp = res["algo"] == "dp"
+    print(f"{res['model']} on V100 cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
+          f"[{res['algo']}, {res['wall_s']:.1f} s]")
+    if o["oom"] and dp:
+        print(f"  infeasible: no contiguous cut set fits in memory (the smallest peak is "
+              f"{max(o['memory_gib']):.1f} GiB per GPU, at cuts {o['cuts']}; DP {o['wall_s']:.2f} s)")
+        return
+    if o["oom"]:
+        print(f"  infeasible: no candidate plan fits in memory (best {max(o['memory_gib']):.1f} GiB per GPU)")
+        return
+    print(f"  cuts         {res['cuts']}  after {', '.join(res['cut_ops'])}")
+    print(f"  layers       {', '.join(res['cut_layers'])}")
+    print(f"  device cuts  {res['device_cuts']}  (devices per stage {res['devices']})")
+    print(f"  L            {res['length_s']:.4f} s per iteration{'  OUT OF MEMORY' if res['oom'] else ''}")
+    if dp:
+        print(f"  optimum      over all contiguous cut sets (unpruned), by dynamic programming in "
+              f"{o['wall_s']:.2f} s ({o['evaluated']:,} DP states, {o['subproblems']} subproblems)"
+              + ("" if o.get("proven_optimal", True) else "  NOT PROVEN: subproblem budget ran out"))
+    else:
+        print(f"  optimum L    {o['length_s']:.4f} s at {o['cuts']} ({o['evaluated']} plans enumerated); "
+              f"gap {100 * res['gap']:+.2f}%")
+    print(f"  memory       {res['memory_gib']} GiB per GPU")
+
+
+def add_pipeline_parser(sub) -> None:
+    pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP; exact DP "
+                                         "by default)")
+    pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")
+    pp.add_argument("--cluster", required=True, help="A, B or C: 2, 3 or 4 servers of 8 V100")
+    pp.add_argument("--stages", type=int, default=None, help="K (default: the number of servers)")
+    pp.add_argument("--algo", choices=api.PIPELINE_ALGOS, default="dp",
+                    help="dp (default): the exact optimum over every contiguous cut set, by dynamic "
+                         "programming; rainbow, pretrained: the DQN agents (Ray); exact: enumeration of "
+                         "the pruned candidates")
+    pp.add_argument("--budget", type=int, default=None,
+                    help="rainbow: environment steps (default 1300 per cut)")
+    pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
+    pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
+    pp.add_argument("--radius", type=int, default=3, help="rainbow, pretrained, exact: pruning radius "
+                                                          "(devices) around server boundaries")
+    pp.add_argument("--seed", type=int, default=0)
+    pp.add_argument("--address", help="rainbow, pretrained: attach to a running Ray cluster: auto or "
+                                      "HOST:PORT (default: an embedded local Ray)")
+    pp.add_argument("--env-runners", type=int, default=0,
+                    help="rainbow: remote env runner actors that sample (default 0: in this process)")
+    pp.add_argument("--learners", type=int, default=0,
+                    help="rainbow: remote learner actors (default 0: in this process)")
+    pp.add_argument("--json", action="store_true")

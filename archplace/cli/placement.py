@@ -1,0 +1,137 @@
+"""``archplace place`` and ``solve-dp``: the best placement of a model on K accelerators (Phaze), and
+the exact max-load split of a dnn-partitioning input.
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace import api
+from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, arch_label, model_ref, parse_fixed
+
+
+def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
+    """``--expert p,d,t``, or ``--expert paper``: the Phaze paper's Table 4 strategy for the model."""
+    if text != "paper":
+        return parse_fixed(text, "--expert")
+    from archplace.workloads.models import EXPERT_STRATEGIES
+
+    if model not in EXPERT_STRATEGIES:
+        raise ValueError(f"--expert paper: the paper gives no expert placement for {model!r}; it gives one "
+                         f"for {sorted(EXPERT_STRATEGIES)} (or pass --expert p,d,t)")
+    return EXPERT_STRATEGIES[model]
+
+
+def cmd_place(args) -> dict[str, Any]:
+    # without --hbm the sizes stay ints, as before: the JSON's configs rows echo them ("hbm_gb": 32)
+    req = api.PlaceRequest(model_ref(args), args.arch, accelerators=args.accelerators,
+                           global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
+                           sequential=args.sequential, fixed=parse_fixed(args.fixed), seq=args.seq,
+                           expert=_parse_expert(args.expert, args.model),
+                           ilp_time_limit_s=args.ilp_time_limit, contention=not args.no_contention)
+    return api.place(req).to_dict()
+
+
+def _gap_text(ilp: dict[str, Any]) -> str:
+    """``worst gap 3.1% (backward of layer …, microbatch 4, tmp 1)``; the unknown-gap count too."""
+    g, w = ilp.get("worst_gap"), ilp.get("worst_slice")
+    text = "worst gap unknown" if g is None else f"worst gap {g:.1%}"
+    if g and w:
+        layers = w["layers"]
+        text += (f" ({w['pass']} of {layers[0]}{f' and {len(layers) - 1} more' if len(layers) > 1 else ''}"
+                 + (f", microbatch {w['microbatch']}, tmp {w['tmp']}" if "microbatch" in w else "") + ")")
+    if ilp.get("gap_unknown"):
+        text += f"; {ilp['gap_unknown']} slice(s) without a proven bound"
+    return text
+
+
+def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
+    """One line: the layer-slice ILPs' solver statuses and the worst gap."""
+    if schedule != "ilp":
+        print("  layer ILP    not used (sequential schedules: every op intra-op parallel)")
+        return
+    counts = ilp.get("status_counts")
+    if counts is None:
+        return
+    n = sum(counts.values())
+    print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+          + f"; {_gap_text(ilp)}")
+    if ilp.get("contention") is False:
+        print("  bandwidth    the paper's model: concurrent ops each get the full HBM/GLB bandwidth")
+    elif ilp.get("peak_hbm_share") is not None:
+        print(f"  bandwidth    shared; peak summed share HBM {ilp['peak_hbm_share']:.2f}, "
+              f"GLB {ilp.get('peak_glb_share') or 0.0:.2f}")
+
+
+def print_place(res: dict[str, Any]) -> None:
+    pl = res["placement"]
+    a = res["arch"]
+    what = {"expert": "expert placement, even block split", "fixed": "fixed p,d,t, DP stage split"}
+    print(f"{res['model']} on {res['accelerators']} × {arch_label(a)}, global batch "
+          f"{res['global_batch']} [{res['schedule']} layer schedules"
+          + (f"; {what[res['strategy']]}" if res.get("strategy") in what else "") + "]")
+    _print_ilp(res.get("ilp") or {}, res["schedule"])
+    if not pl["feasible"]:
+        print(f"  infeasible: {pl.get('reason') or 'no placement fits (no reason given)'}")
+        return
+    print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
+    print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
+          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GB")
+    for i, st in enumerate(pl["stages"]):
+        print(f"  stage {i:3d}    layers {st['first']}..{st['last']} ({' … '.join(st['layers'])}) on "
+              f"{st['devices']} device(s), load {st['load_s'] * 1e3:.2f} ms, "
+              f"memory {st['memory_bytes'] / 2**30:.2f} GiB")
+    t = res["timing_s"]
+    print(f"  time         estimate {t['estimate_s']:.2f} s, ILP {t['ilp_s']:.2f} s, DP {t['dp_s']:.2f} s")
+
+
+def cmd_solve_dp(args) -> dict[str, Any]:
+    req = api.SolveDpRequest(args.file, method=args.method, time_limit_s=args.time_limit)
+    return api.solve_dp(req).to_dict()
+
+
+def print_solve_dp(res: dict[str, Any]) -> None:
+    ml = res["max_load"]
+    print(f"{res['file']}: max-load {ml if ml is None else format(ml, '.10g')} ({res['status']}, "
+          f"method {res['method']}, {res['solve_time_s']:.2f} s)")
+    if res.get("reason"):
+        print(f"  no split     {res['reason']}")
+    if res.get("reference") is not None:
+        print(f"  reference optimum {res['reference']:.10g}, relative difference {res['rel_diff']:.2e}")
+    if res.get("gap"):
+        print(f"  lower bound {res['lower_bound']:.10g}, gap {res['gap']:.2%}")
+    for dev in res.get("devices", []) if ml is not None else []:
+        name = f"{dev['kind']} {dev['index']}"
+        print(f"  {name:14s} load {dev['load']:.6g}  nodes {dev['nodes']}")
+
+
+def add_place_parser(sub) -> None:
+    pl = sub.add_parser("place", help="best placement of a model on K copies of an accelerator")
+    pl.add_argument("model", nargs="?", help="preset name")
+    add_model_args(pl)
+    pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
+    pl.add_argument("--accelerators", type=int, default=1024)
+    pl.add_argument("--global-batch", type=int, default=4096)
+    pl.add_argument("--fixed", metavar="P,D,T",
+                    help="fixed {p,d,t}, optimised split: the DP still chooses which layers form each stage")
+    pl.add_argument("--expert", metavar="P,D,T|paper",
+                    help="evaluate exactly the expert placement {p,d,t} (paper: the Phaze paper's Table 4 "
+                         "strategy for MODEL): an even split of the transformer blocks over p stages, as "
+                         "bench/phaze_tpuv4.py")
+    pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
+    pl.add_argument("--seq", type=int, default=None)
+    pl.add_argument("--sequential", action="store_true",
+                    help="layer schedules without the ILP: every op intra-op parallel in sequence")
+    pl.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds per layer ILP")
+    pl.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
+    pl.add_argument("--json", action="store_true")
+
+
+def add_solve_dp_parser(sub) -> None:
+    sd = sub.add_parser("solve-dp", help="optimal max-load split of a dnn-partitioning input")
+    sd.add_argument("file")
+    sd.add_argument("--method", default="auto", choices=["auto", "dp", "milp"])
+    sd.add_argument("--time-limit", type=float, default=600.0)
+    sd.add_argument("--json", action="store_true")

@@ -1,0 +1,143 @@
+"""``archplace search`` and ``report``: the architecture × placement co-search on Ray Tune, and the
+report of a finished one.
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace import api
+from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, float_list, int_list
+
+
+def cmd_search(args) -> dict[str, Any]:
+    from archplace.workloads.byom import hf_ref
+
+    models = tuple(args.models) + tuple(hf_ref(c, allow_unmapped_ops=args.allow_unmapped_ops)
+                                        for c in args.hf_config or ())
+    if not models:
+        raise ValueError("give one or more MODELs or --hf-config CONFIG.json")
+    req = api.SearchRequest(
+        models=models, out_dir=args.out, accelerators=args.accelerators,
+        global_batch=args.global_batch, searcher=args.searcher, budget=args.budget, address=args.address,
+        resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
+        archs_per_trial=args.archs_per_trial, schedule=args.schedule, schedule_cache=args.schedule_cache,
+        wait_timeout_s=args.wait_timeout, microbatches=int_list(args.microbatches, "--microbatches"),
+        hbm_gb=float_list(args.hbm, "--hbm"), recompute=args.recompute, seq=args.seq,
+        tmp_widths=int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
+        ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
+        area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
+        contention=not args.no_contention)
+    return api.search(req, terminal_progress=not args.json).to_dict()
+
+
+def print_search(res: dict[str, Any]) -> None:
+    st = res.get("stats", {})
+    print(f"search of {', '.join(res['models'])} on {res['num_devices']} accelerators, global batch "
+          f"{res['global_batch']} [{res['searcher']}]: {res['evaluated']} architectures "
+          f"({st.get('resumed', 0)} resumed, {res['failed']} failed) in {st.get('wall_s', 0):.1f} s "
+          f"with up to {max(st.get('in_flight_limits') or [0])} trials in flight")
+    cache = st.get("cache")
+    if cache and cache.get("layer_lookups"):
+        print(f"  layer ILPs   {cache['layer_lookups']} layer lookups; {cache['within_arch_dedup']} "
+              f"({cache['within_arch_dedup_rate']:.0%}) were repeated layers inside one architecture; of the "
+              f"{cache['distinct_per_arch']} distinct slices {cache['cross_trial_hits']} came from the "
+              f"schedule "
+              f"cache ({cache['cross_trial_hit_rate']:.0%}) and {cache['solved']} were solved")
+    ilp = st.get("ilp")
+    if ilp is not None:
+        n = sum(ilp["status_counts"].values())
+        g = ilp["worst_gap"]
+        at = ilp.get("worst_gap_at") or {}
+        print(f"  ILP answers  {n} slice solves over architectures × models: "
+              + ", ".join(f"{v} {k}" for k, v in sorted(ilp["status_counts"].items()))
+              + ("; worst gap unknown" if g is None else f"; worst gap {g:.1%}")
+              + (f" ({at['model']} on {at['arch_label']})" if g and at else "")
+              + (f"; {ilp['gap_unknown']} without a proven bound" if ilp.get("gap_unknown") else ""))
+    c = res.get("common")
+    if c is None:
+        print("  no architecture gave a feasible placement"
+              + (f" ({res['infeasible']} infeasible, {res['failed']} failed; the reasons are in the "
+                 f"'error' column of {res['out_dir']}/evaluations.parquet)" if res.get("evaluated") else ""))
+    else:
+        print(f"  best common  {c['arch_label']}  area {c['area_mm2']:.2f} mm²  "
+              f"average {c['throughput_avg']:,.1f} samples/s")
+    ref = (res.get("reference") or {}).get("per_model", {})
+    for m, b in res.get("per_model", {}).items():
+        r = ref.get(m, {})
+        vs = res.get("speedup_vs_reference", {}).get(m)
+        print(f"  {m:14s} best {b['arch_label']}: {b['throughput']:,.1f} samples/s "
+              f"(p={b['p']} d={b['d']} t={b['t']}, mbs {b['microbatch']})"
+              + (f"; tpuv4 {r['throughput']:,.1f} → {vs:.3f}×" if vs else "")
+              + (f"; ILP {', '.join(f'{v} {k}' for k, v in sorted(b['ilp_status'].items()))}, "
+                 + ("worst gap unknown" if b.get("ilp_worst_gap") is None else
+                    f"worst gap {b['ilp_worst_gap']:.1%}") if b.get("ilp_status") else ""))
+    for m, reasons in (st.get("no_placement") or {}).items():
+        top, n = next(iter(reasons.items()))
+        print(f"  {m:14s} no feasible placement on any architecture evaluated; most often: {top} "
+              f"({n} of {sum(reasons.values())})")
+    out = res["out_dir"]
+    print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")
+
+
+def cmd_report(args) -> dict[str, Any]:
+    from archplace.platform.report import write_report
+
+    path = write_report(args.dir)
+    return {"report": str(path)}
+
+
+def print_report(res: dict[str, Any]) -> None:
+    print(f"wrote {res['report']}")
+
+
+def add_search_parser(sub) -> None:
+    se = sub.add_parser("search", help="architecture × placement co-search on Ray Tune")
+    se.add_argument("models", nargs="*", help="model presets; one trial evaluates all of them")
+    add_model_args(se, many=True)
+    se.add_argument("--accelerators", type=int, default=1024)
+    se.add_argument("--global-batch", type=int, default=4096)
+    se.add_argument("--searcher", default="phaze",
+                    help="phaze (area order + hysteresis), optuna, random, grid")
+    se.add_argument("--budget", type=int, default=16, help="most architectures to evaluate")
+    se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
+    se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
+    se.add_argument("--resume", action="store_true", help="continue the search in --out")
+    se.add_argument("--retry-failed", action="store_true",
+                    help="with --resume: evaluate the architectures recorded as failed again")
+    se.add_argument("--workers", type=int,
+                    help="most trials in flight (default: the cluster's CPUs, re-read as nodes join "
+                         "or leave)")
+    se.add_argument("--archs-per-trial", type=int, default=1,
+                    help="architectures evaluated by one Tune trial (large cheap sweeps: 50-200)")
+    se.add_argument("--schedule", choices=("ilp", "sequential"), default="ilp",
+                    help="layer schedules: the ILP (Phaze), or sequential (no ILP, every op intra-op "
+                         "parallel: Phaze's baseline, for fast screening sweeps)")
+    se.add_argument("--schedule-cache", default=None,
+                    help="solved layer slices (JSON lines), reused by --resume and by searches given the "
+                         "same file (default: OUT/schedule_cache.jsonl)")
+    se.add_argument("--wait-timeout", type=float, default=600.0,
+                    help="seconds to wait for the cluster's first CPU and the model graphs")
+    se.add_argument("--microbatches", default="1,2,4,8")
+    se.add_argument("--hbm", default="32,64,80", help="HBM sizes in GB")
+    se.add_argument("--recompute", choices=sorted(api.RECOMPUTE), default="both")
+    se.add_argument("--seq", type=int, default=None)
+    se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
+    se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
+    se.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
+    se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
+    se.add_argument("--hysteresis", type=int, default=6)
+    se.add_argument("--area-bucket", type=float, default=0.01,
+                    help="Phaze area bucket in mm² (0 = exact areas)")
+    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--max-failures", type=int, default=2,
+                    help="retries of an architecture whose evaluation failed")
+    se.add_argument("--json", action="store_true")
+
+
+def add_report_parser(sub) -> None:
+    rp = sub.add_parser("report", help="report.md with plots of a finished search")
+    rp.add_argument("dir")
+    rp.add_argument("--json", action="store_true")
