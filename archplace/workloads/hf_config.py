@@ -170,6 +170,11 @@ class HfModel:
     config_dict: dict[str, Any]
 
     @property
+    def depths(self) -> dict[str, int]:
+        """Config depth fields -> full depth (``ModelPreset.depths``)."""
+        return dict(self.depth_keys)
+
+    @property
     def has_loss(self) -> bool:
         return "For" in self.model_class  # a head (LM, classification): cross-entropy over its logits
 
