@@ -16,6 +16,7 @@ from ._common import (
     Result,
     Steps,
     check_bool,
+    check_capture_blocks,
     check_choice,
     check_int,
     check_model,
@@ -46,9 +47,11 @@ class PlaceRequest(Request):
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
+    capture_blocks: int = 3                      # leading blocks captured per stack (more where kinds need)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
+        check_capture_blocks(self.model, self.capture_blocks)
         load_accelerator(self.arch)
         check_int("accelerators", self.accelerators)
         check_int("global_batch", self.global_batch)
@@ -130,7 +133,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
-    common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,))
+    common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,), req.capture_blocks)
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
              for t in widths if t <= req.accelerators]

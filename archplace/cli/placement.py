@@ -30,7 +30,8 @@ def cmd_place(args) -> dict[str, Any]:
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
-                           ilp_time_limit_s=args.ilp_time_limit, contention=not args.no_contention)
+                           ilp_time_limit_s=args.ilp_time_limit, contention=not args.no_contention,
+                           capture_blocks=args.capture_blocks)
     return api.place(req).to_dict()
 
 

@@ -29,7 +29,7 @@ def cmd_search(args) -> dict[str, Any]:
         tmp_widths=int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
         ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
-        contention=not args.no_contention)
+        contention=not args.no_contention, capture_blocks=args.capture_blocks)
     return api.search(req, terminal_progress=not args.json).to_dict()
 
 

@@ -30,6 +30,7 @@ class SearchSettings:
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
     schedule: str = "ilp"
     contention: bool = True  # layer ILP: concurrently running ops share the HBM/GLB bandwidth
+    capture_blocks: int = 3  # leading blocks captured per stack (more where its block kinds need them)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -285,6 +285,7 @@ class EvaluateRequest(Strict):
     seq: int | None = Field(default=None, ge=1, le=32_768)
     ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
     contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
+    capture_blocks: int = Field(default=3, ge=3, le=1024)  # leading blocks captured per stack
 
     @field_validator("model")
     @classmethod

@@ -207,6 +207,16 @@ def truncate_stacks(model, depths: Mapping[str, int], depth_fields: Iterable[str
 
 
 # ---------------------------------------------------------------------- the parameter check
+class ParameterMismatchError(ValueError):
+    """A captured graph whose parameter count differs from the model's (``graph_params`` vs
+    ``model_params``)."""
+
+    def __init__(self, message: str, graph_params: int, model_params: int):
+        super().__init__(message)
+        self.graph_params = graph_params
+        self.model_params = model_params
+
+
 def check_parameters(g, census: Census, model: str, unread: Sequence[str] = ()) -> None:
     """The forward graph's parameters (weight bytes / bytes per element) must equal the model's own
     count; otherwise a one-line error naming the layers whose counts differ (graph vs model) and the
@@ -232,12 +242,16 @@ def check_parameters(g, census: Census, model: str, unread: Sequence[str] = ()) 
             got = int(per_layer[li]) if li is not None else 0
             in_blocks += got
             if got != want:
-                diffs.append(f"{st}.{i} {got:,} vs {want:,}" + ("" if li is not None else " (not in the graph)"))
+                where = "" if li is not None else " (not in the graph)"
+                diffs.append(f"{st}.{i} {got:,} vs {want:,}{where}")
     other = total - in_blocks
     if other != census.other_params:
         diffs.append(f"outside the blocks {other:,} vs {census.other_params:,}")
     shown = ", ".join(diffs[:6]) + (f" (and {len(diffs) - 6} more)" if len(diffs) > 6 else "")
     never = (f"; parameters no op reads: {', '.join(unread[:3])}"
              f"{f' (and {len(unread) - 3} more)' if len(unread) > 3 else ''}") if unread else ""
-    raise ValueError(f"model {model!r}: the captured graph holds {total:,} parameters but transformers counts "
-                     f"{census.total_params:,}; layers that differ (graph vs model): {shown or 'none'}{never}")
+    raise ParameterMismatchError(
+        f"model {model!r}: the captured graph holds {total:,} parameters, the model {census.total_params:,} "
+        f"(each parameter once, as transformers counts); layers that differ (graph vs model): "
+        f"{shown or 'none'}{never}",
+        total, census.total_params)

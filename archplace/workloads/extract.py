@@ -50,6 +50,8 @@ _ATEN_KIND = {
     "index_put_": "elementwise", "index_add": "add", "index_add_": "add", "scatter_add": "add",
     "scatter_add_": "add", "empty_like": "elementwise", "grouped_mm_fallback": "linear",
     "_grouped_mm": "linear", "grouped_mm": "linear",
+    # found by the op-coverage sweep (bench/hf_coverage.py): plain arithmetic and data movement
+    "bitwise_not": "elementwise", "scatter": "elementwise", "scatter_": "elementwise",
 }
 _GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 _VIEW_OPS = {
@@ -58,9 +60,10 @@ _VIEW_OPS = {
     "chunk", "to", "_to_copy", "t", "flatten", "detach", "unbind", "gather", "index",
     "lift_fresh_copy", "type_as", "expand_as", "view_as", "copy", "repeat", "repeat_interleave",
     "narrow", "index_select", "_assert_tensor_metadata", "dim", "size",
+    "numpy_T", "copy_",
 }
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
-                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros"}
+                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "new_empty"}
 
 _BLOCK_RE = re.compile(r"^(.*?\b(?:layer|layers|h|block))\.(\d+)(?:\.|$)")
 
@@ -319,12 +322,14 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
                 layer_names.append(f"{op.block[0]}.{op.block[1]}")
             current = block_layer[op.block]
             seen_block = True
-        elif current < 0 or (op.module and _is_block_name(layer_names[current])):
+        elif current < 0 or ((op.module or i > last_block_pos) and _is_block_name(layer_names[current])):
             # a run of non-block ops starts: before all blocks, after them, or in between
             name = "embed" if not seen_block else "head" if i > last_block_pos else op.module
             layer_names.append(name)
             current = len(layer_names) - 1
-        layer_of[i] = current  # ops of the root module join the run they execute in
+        # ops of the root module join the run they execute in; after the last block, the head (so the
+        # last block holds the ops every block holds, and copies of it stay exact)
+        layer_of[i] = current
     # ---- edges
     src, dst, arg = [], [], []
     for i, op in enumerate(ops):

@@ -16,6 +16,8 @@ from .graph import OpGraph
 from .hf_config import hf_model, is_hf_ref
 from .transforms import slice_tensor_parallel
 
+CAPTURE_BLOCKS = 3  # default leading blocks captured per stack (more where the block kinds need them)
+
 
 @dataclass(frozen=True)
 class ModelPreset:
@@ -260,7 +262,8 @@ _append_loss = append_loss  # the name corpus.py and gdp_models.py import
 
 
 def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, training: bool = True,
-                bytes_per_element: int = 2, capture_blocks: int = 3, fuse: bool = True) -> OpGraph:
+                bytes_per_element: int = 2, capture_blocks: int = CAPTURE_BLOCKS,
+                fuse: bool = True) -> OpGraph:
     """The operator graph of preset ``name`` (or of a config file's ``hf:PATH`` reference, see
     ``byom.from_hf_config``): one device's TMP slice of width ``tmp`` at microbatch
     ``mbs`` and sequence ``seq`` (the preset's by default), with the backward pass when
