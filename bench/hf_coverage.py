@@ -6,12 +6,15 @@ parameter count or fails with a one-line reason.
 Families come from transformers' auto mappings: ``causal-lm`` = MODEL_FOR_CAUSAL_LM (its causal-LM
 class) less the encoder-decoder and masked-LM families; ``encoder-decoder`` = MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM;
 ``encoder`` = MODEL_FOR_MASKED_LM (its masked-LM class), then the families with a sequence- or
-token-classification or question-answering head and no LM class (their base model). Each config
-keeps its default widths (the meta device holds no weights, so width costs nothing) with every depth
-field over ``--depth`` cut to it (through the config class, so per-layer patterns are derived for the
-new depth). The forward graph is captured at sequence ``--seq``; with ``--probe-unmapped`` a family
-whose ops include some without a cost model is captured again with them allowed, to show what
-mapping them would give.
+token-classification or question-answering head and no LM class (their base model); ``multimodal`` =
+any of these that transformers also maps as an image-, audio- or video-and-text model (their towers
+never run on input_ids alone). Each config keeps its default widths (the meta device holds no
+weights, so width costs nothing) with every depth field over ``--depth`` cut to it, and per-layer
+lists of that length cut with it (where the cut config does not build, the default depth is used and
+the row says so); ``head_dim``, ``num_key_value_heads`` and ``num_experts_per_tok`` that a default
+config leaves None are completed (``config_completed`` in the row). The forward graph is captured at
+sequence ``--seq``; with ``--probe-unmapped`` a family whose ops include some without a cost model is
+captured again with them allowed, to show what mapping them would give.
 
 Each family runs in a pool of ``--workers`` processes with a per-family ``--timeout``; a worker that
 overruns it is killed and replaced. Prints a table and writes JSON (default
@@ -34,7 +37,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))      # measure this tree's archplace, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CATEGORIES = ("causal-lm", "encoder", "encoder-decoder")
+CATEGORIES = ("causal-lm", "encoder", "encoder-decoder", "multimodal")
+# transformers' mappings of models that take images, audio or video besides text: their towers do not
+# run on input_ids alone, so --hf-config's text-only capture cannot reach them (listed apart)
+_MULTIMODAL_MAPPINGS = tuple(f"MODEL_FOR_{m}_MAPPING_NAMES" for m in (
+    "IMAGE_TEXT_TO_TEXT", "VISION_2_SEQ", "SPEECH_SEQ_2_SEQ", "MULTIMODAL_LM", "TEXT_TO_WAVEFORM",
+    "TEXT_TO_SPECTROGRAM", "AUDIO_TOKENIZATION", "CTC", "AUDIO_CLASSIFICATION"))
+# config fields that some shipped default configs leave None although the model needs them; the sweep
+# completes them (and records it per family) so that the capture, not the default, is measured
+_COMPLETE = {
+    "head_dim": lambda c: c["hidden_size"] // c["num_attention_heads"],
+    "num_key_value_heads": lambda c: c["num_attention_heads"],
+    "num_experts_per_tok": lambda c: 2,
+}
 
 
 def list_families() -> list[dict]:
@@ -60,6 +75,8 @@ def list_families() -> list[dict]:
         for mt in mapping:
             if mt not in rows and mt in ma.MODEL_MAPPING_NAMES:
                 rows[mt] = ("encoder", first(ma.MODEL_MAPPING_NAMES[mt]))
+    multimodal = {mt for name in _MULTIMODAL_MAPPINGS for mt in getattr(ma, name, {})}
+    rows = {mt: ("multimodal" if mt in multimodal else cat, cls) for mt, (cat, cls) in rows.items()}
     order = {c: i for i, c in enumerate(CATEGORIES)}
     return [{"family": mt, "category": cat, "model_class": cls}
             for mt, (cat, cls) in sorted(rows.items(), key=lambda kv: (order[kv[1][0]], kv[0]))]
@@ -105,11 +122,26 @@ def capture_family(row: dict, seq: int, depth: int, workdir: Path, probe: bool =
         out.update(stage="class", reason=_one_line(e))
         return out
     defaults = cfg.to_dict()
+    completed = {}
+    for k, fill in _COMPLETE.items():
+        if k in defaults and defaults[k] is None:
+            try:
+                completed[k] = fill(defaults)
+            except (KeyError, TypeError, ZeroDivisionError):
+                pass
     caps = {k: depth for k in _DEPTH_KEYS if isinstance(defaults.get(k), int) and defaults[k] > depth}
-    d = {"architectures": [row["model_class"]], "model_type": row["family"], **caps}
+    # per-layer lists of a cut depth field are cut with it (a default layer_types of 54 entries)
+    lists = {k: v[:caps[dk]] for dk in caps for k, v in defaults.items()
+             if isinstance(v, list) and len(v) == defaults[dk] and k not in caps}
     path = workdir / f"{row['family']}.json"
-    path.write_text(json.dumps(d))
-    out["depth_overrides"] = caps
+    if completed:
+        out["config_completed"] = completed
+
+    def write(cut: bool) -> None:
+        d = {"architectures": [row["model_class"]], "model_type": row["family"], **completed,
+             **(caps if cut else {}), **(lists if cut else {})}
+        path.write_text(json.dumps(d))
+        out["depth_overrides"] = caps if cut else {}
 
     def attempt(allow: bool) -> dict:
         res: dict = {}
@@ -139,7 +171,13 @@ def capture_family(row: dict, seq: int, depth: int, workdir: Path, probe: bool =
                 res["unmapped_ops"] = sorted(set(re.findall(r"(\w+) \(first in", str(e))))
         return res
 
-    out.update(attempt(False))
+    write(cut=bool(caps))
+    first = attempt(False)
+    if caps and first.get("stage") in ("config", "build"):  # the cut depth does not make a model
+        out["depth_note"] = f"default depth: cutting it to {depth} failed ({first['reason'][:160]})"
+        write(cut=False)
+        first = attempt(False)
+    out.update(first)
     if probe and out["stage"] == "unmapped-ops":
         allowed = attempt(True)
         out["if_allowed"] = {k: allowed.get(k) for k in ("status", "stage", "reason", "params_captured")

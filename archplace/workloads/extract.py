@@ -50,8 +50,20 @@ _ATEN_KIND = {
     "index_put_": "elementwise", "index_add": "add", "index_add_": "add", "scatter_add": "add",
     "scatter_add_": "add", "empty_like": "elementwise", "grouped_mm_fallback": "linear",
     "_grouped_mm": "linear", "grouped_mm": "linear",
-    # found by the op-coverage sweep (bench/hf_coverage.py): plain arithmetic and data movement
-    "bitwise_not": "elementwise", "scatter": "elementwise", "scatter_": "elementwise",
+    # found by the op-coverage sweep (bench/hf_coverage.py): plain arithmetic and data movement.
+    # Masks and routing bookkeeping are element-wise; copies into a new layout (stack, pad, flip)
+    # move bytes like cat; reductions count their inputs like sum; transcendentals like exp
+    "bitwise_not": "elementwise", "bitwise_and": "elementwise", "bitwise_or": "elementwise",
+    "bitwise_xor": "elementwise", "__and__": "elementwise", "__or__": "elementwise",
+    "__xor__": "elementwise", "__invert__": "elementwise", "logical_not": "elementwise",
+    "logical_and": "elementwise", "logical_or": "elementwise", "scatter": "elementwise",
+    "scatter_": "elementwise", "clamp_min": "elementwise", "clamp_max": "elementwise",
+    "clamp_": "elementwise", "acos": "elementwise", "sign": "elementwise", "multiply": "mul",
+    "stack": "cat", "concat": "cat", "concatenate": "cat", "pad": "cat", "constant_pad_nd": "cat",
+    "flip": "cat", "roll": "cat", "im2col": "cat",
+    "max": "sum", "min": "sum", "amax": "sum", "amin": "sum", "linalg_vector_norm": "sum",
+    "var": "mean", "logsumexp": "softmax",
+    "expm1": "exp", "softplus": "exp", "log_sigmoid": "sigmoid",
 }
 _GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 _VIEW_OPS = {
@@ -60,10 +72,11 @@ _VIEW_OPS = {
     "chunk", "to", "_to_copy", "t", "flatten", "detach", "unbind", "gather", "index",
     "lift_fresh_copy", "type_as", "expand_as", "view_as", "copy", "repeat", "repeat_interleave",
     "narrow", "index_select", "_assert_tensor_metadata", "dim", "size",
-    "numpy_T", "copy_",
+    "numpy_T", "copy_", "unfold", "view_as_complex", "view_as_real", "real", "reshape_as",
 }
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
-                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "new_empty"}
+                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "new_empty",
+                 "new_full"}
 
 _BLOCK_RE = re.compile(r"^(.*?\b(?:layer|layers|h|block))\.(\d+)(?:\.|$)")
 
@@ -170,6 +183,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
     import torch
 
     ep = torch.export.export(model, example_args, kwargs=example_kwargs, strict=False)
+    _inline_wrapped_regions(ep)
     params: dict[str, int] = {}  # placeholder name -> numel
     fqn: dict[str, str] = {}  # placeholder name -> parameter path (model.layers.0.mlp.up_proj.weight)
     for spec in ep.graph_signature.input_specs:
@@ -272,6 +286,51 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
                       stacklevel=2)
     num_params = sum(params.values())
     return ops, num_params, sorted(unmapped)
+
+
+_REGION_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
+
+
+def _inline_wrapped_regions(ep) -> None:
+    """Inline the subgraphs that torch.export wraps ``torch.no_grad()`` and autocast regions in
+    (higher-order ops holding a submodule), so that their ops are captured like any other: a forward
+    run under ``no_grad`` (HRM's reasoning cycles, CPM-Ant's position buckets) still computes."""
+    import operator
+
+    gm, graph = ep.graph_module, ep.graph
+    todo = True
+    while todo:
+        todo = False
+        for node in list(graph.nodes):
+            if node.op != "call_function" or getattr(node.target, "__name__", "") not in _REGION_WRAPPERS:
+                continue
+            pos = next(i for i, a in enumerate(node.args) if getattr(a, "op", None) == "get_attr")
+            sub = getattr(gm, node.args[pos].target)
+            env = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], node.args[pos + 1:]))
+            outs: Any = ()
+            with graph.inserting_before(node):
+                for n in sub.graph.nodes:
+                    if n.op == "placeholder":
+                        continue
+                    if n.op == "output":
+                        outs = n.args[0]
+                        break
+                    if n.op == "get_attr":  # a region nested in this one: its submodule moves up
+                        name = f"_inlined_{len(list(gm.children()))}_{n.target}"
+                        gm.add_submodule(name, getattr(sub, n.target))
+                        env[n] = graph.get_attr(name)
+                        continue
+                    env[n] = graph.node_copy(n, env.__getitem__)
+            outs = outs if isinstance(outs, (list, tuple)) else (outs,)
+            for user in list(node.users):
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.replace_all_uses_with(env[outs[user.args[1]]])
+                    graph.erase_node(user)
+            if node.users:
+                raise ValueError(f"cannot inline the {node.target.__name__} region {node.name}: it has "
+                                 f"users other than getitem ({list(node.users)})")
+            graph.erase_node(node)
+            todo = True
 
 
 def _block_of(module: str, stacks: list[str]) -> tuple[str, int] | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backward import derive_backward
-from .extract import capture_ops, ops_to_graph
+from .extract import UnmappedOpsError, capture_ops, ops_to_graph
 from .graph import OpGraph
 from .hf_config import hf_model, is_hf_ref
 from .transforms import slice_tensor_parallel
@@ -208,9 +208,11 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
     try:
         ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),
                                        allow_unmapped_ops=p.allow_unmapped_ops)
-    except ValueError:
+    except UnmappedOpsError:
         raise
     except Exception as e:  # noqa: BLE001 - torch.export of a user's config: one line, not a traceback
+        if isinstance(e, ValueError) and "attn_implementation='eager'" in str(e):
+            raise
         msg = (str(e).strip().splitlines() or [""])[0][:300]
         raise ValueError(f"model {name!r}: torch.export of {p.model_class} failed: "
                          f"{type(e).__name__}: {msg}") from e
@@ -277,7 +279,7 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
                              f"{' in ' + str(allowed) if allowed else ''}, got {value!r}")
     cfg = p.make_config()
     max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-    if max_pos and seq > max_pos:
+    if isinstance(max_pos, int) and max_pos > 0 and seq > max_pos:
         raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
     if not isinstance(capture_blocks, int) or isinstance(capture_blocks, bool) or capture_blocks < 3:
         raise ValueError(f"capture_blocks must be an integer >= 3 (block 0 can differ; two more give the "
