@@ -124,6 +124,30 @@ def test_cli_capture_blocks_and_stack_summary(tmp_path, capsys):
     assert "capture-blocks" in err and "got 2" in err and len(err.splitlines()) == 1
 
 
+# HY-V4: a "shared" layer reuses the sparse-attention top-k of the last "full" layer, so block 3 reads
+# block 1, two back: a block's inputs depend on where it sits, not on its kind, and copies of captured
+# blocks cannot reproduce that
+_HY_V4 = dict(architectures=["HYV4ForCausalLM"], model_type="hy_v4", vocab_size=128, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+              num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+              max_position_embeddings=64, n_routed_experts=4, num_experts_per_tok=2, q_lora_rank=16,
+              kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, index_topk=4,
+              index_head_dim=8, index_n_heads=2, mlp_layer_types=["dense"] * 8,
+              layer_types=["indexed_attention"] * 8,
+              indexer_types=["full", "full", "shared", "shared", "shared", "full", "shared", "shared"])
+
+
+def test_unsupported_stack_is_a_one_line_error_and_a_full_capture_is_exact():
+    with pytest.raises(ValueError) as e:
+        api.from_hf_config(_HY_V4, seq=SEQ, training=False)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith("stack 'model.layers': block 3 reads block 1 (not its predecessor, not block 0)")
+    assert msg.endswith("capture every block (capture_blocks=8)")
+    g = api.from_hf_config(_HY_V4, seq=SEQ, training=False, capture_blocks=8)  # what the error suggests
+    assert api.graph_summary(g)["parameters"] == _transformers_count(_HY_V4)
+
+
 class _Block(nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()

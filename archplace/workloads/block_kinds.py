@@ -17,7 +17,7 @@ sliding and global attention in turn (Gemma-2/3, ``layer_types``), layers withou
   (its outputs feed the head).
 * :func:`truncate_stacks` cuts the full model's stacks to those leading blocks, so that the captured
   blocks are the full model's own (a config reduced in depth can build other kinds, or resize
-  parameters outside the blocks).
+  parameters outside the blocks); the config keeps its depth.
 * :func:`check_parameters` compares the full-depth graph's parameters with the model's own count; a
   difference is an error naming the layers that differ.
 """
@@ -149,61 +149,27 @@ def capture_depth(kinds: Sequence[int], at_least: int) -> int:
 
 
 def capture_depths(census: Census, at_least: int, reducible: Iterable[str]) -> dict[str, int]:
-    """Blocks to capture per stack. Only ``reducible`` stacks (those a config depth field sizes) are
-    cut; stacks of one full depth share their depth fields, so they are cut to one depth."""
+    """Blocks to capture per stack: :func:`capture_depth` for the ``reducible`` stacks (those a config
+    depth field sizes), every block of the others."""
     reducible = set(reducible)
-    full = {st: c.depth for st, c in census.stacks.items()}
-    n = {st: capture_depth(c.kinds, at_least) if st in reducible else full[st]
-         for st, c in census.stacks.items()}
-    changed = True
-    while changed:
-        changed = False
-        for depth in set(full.values()):
-            group = [st for st in n if full[st] == depth]
-            m = max(n[st] for st in group)
-            for st in group:
-                if n[st] != m:
-                    n[st] = capture_depth(census.stacks[st].kinds, m)
-                    changed = True
-    return n
+    return {st: capture_depth(c.kinds, at_least) if st in reducible else c.depth
+            for st, c in census.stacks.items()}
 
 
-def truncate_stacks(model, depths: Mapping[str, int], depth_fields: Iterable[str]) -> None:
-    """Keep the first ``depths[stack]`` blocks of each stack of ``model`` (in place) and set the config
-    depth fields that hold a cut stack's full depth to its new depth, in every config of the module
-    tree (the loops over ``range(config.num_hidden_layers)`` then run the kept blocks). Per-layer
-    lists (``layer_types``) keep their full length: the kept blocks are a prefix, so their indices hold."""
+def truncate_stacks(model, depths: Mapping[str, int]) -> None:
+    """Keep the first ``depths[stack]`` blocks of each stack of ``model`` (in place). The config keeps
+    its full depth: transformers' layer loops run over the ``ModuleList`` (``self.layers[:
+    config.num_hidden_layers]``), so the kept blocks run, while per-layer lists (``layer_types``) and
+    tensors sized by the depth (Gemma-3n's per-layer inputs) keep their full size and indices."""
     import torch.nn as nn
 
     modules = dict(model.named_modules())
-    new_depth: dict[int, int] = {}
     for st, k in depths.items():
         blocks = modules[st]
-        if k >= len(blocks):
-            continue
-        new_depth[len(blocks)] = k
-        parent_path, _, attr = st.rpartition(".")
-        parent = modules[parent_path] if parent_path else model
-        setattr(parent, attr, nn.ModuleList(list(blocks)[:k]))
-    if not new_depth:
-        return
-    fields = tuple(depth_fields)
-    sets = []
-    seen: set[int] = set()
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is None or id(cfg) in seen or not hasattr(cfg, "to_dict"):
-            continue
-        seen.add(id(cfg))
-        for key in fields:
-            v = getattr(cfg, key, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v in new_depth:
-                sets.append((cfg, key, new_depth[v]))
-    for cfg, key, v in sets:  # read all, then write: aliased fields (n_layer, num_hidden_layers)
-        try:
-            setattr(cfg, key, v)
-        except (AttributeError, TypeError, ValueError):
-            pass  # a derived field; the blocks that run are checked after capture
+        if k < len(blocks):
+            parent_path, _, attr = st.rpartition(".")
+            parent = modules[parent_path] if parent_path else model
+            setattr(parent, attr, nn.ModuleList(list(blocks)[:k]))
 
 
 # ---------------------------------------------------------------------- the parameter check

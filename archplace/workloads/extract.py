@@ -62,7 +62,7 @@ _ATEN_KIND = {
     "stack": "cat", "concat": "cat", "concatenate": "cat", "pad": "cat", "constant_pad_nd": "cat",
     "flip": "cat", "roll": "cat", "im2col": "cat",
     "max": "sum", "min": "sum", "amax": "sum", "amin": "sum", "linalg_vector_norm": "sum",
-    "var": "mean", "logsumexp": "softmax",
+    "var": "mean", "std": "mean", "logsumexp": "softmax",
     "expm1": "exp", "softplus": "exp", "log_sigmoid": "sigmoid",
 }
 _GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}

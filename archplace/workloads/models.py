@@ -187,7 +187,6 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
     import transformers
 
     from .block_kinds import capture_depths, check_parameters, model_census, truncate_stacks
-    from .hf_config import _DEPTH_KEYS
     from .stack_expand import expand_stack
 
     p = preset(name)
@@ -203,7 +202,7 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
     census = model_census(model, stacks)
     depth_values = set(p.depths.values())
     captured = capture_depths(census, capture_blocks, [st for st, n in stacks.items() if n in depth_values])
-    truncate_stacks(model, captured, _DEPTH_KEYS + tuple(p.depths))
+    truncate_stacks(model, captured)
     args, kwargs = p.example_inputs(seq, mbs)
     try:
         ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),

@@ -45,14 +45,15 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
     hint = f"capture every block (capture_blocks={depth})"
     if g.nodes["is_backward"].any():
         raise ValueError("expand_stack works on forward graphs (before derive_backward)")
-    b0 = names.index(f"{stack}.0")
-    if names[b0:b0 + captured] != [f"{stack}.{j}" for j in range(captured)]:
+    bl = [names.index(f"{stack}.{j}") for j in range(captured)]  # each captured block's layer
+    if bl != list(range(bl[0], bl[0] + captured)):
         raise ValueError(f"stack {stack!r}: other layers run between its blocks "
-                         f"({names[b0:b0 + captured]}); {hint}")
+                         f"({names[bl[0]:bl[-1] + 1][:8]}); {hint}")
+    last = bl[-1]  # copies go after the last captured block
     n0 = g.num_nodes
     layer = g.nodes["layer"]
     ids = g.nodes["id"]
-    rows = [np.flatnonzero(layer == b0 + j) for j in range(captured)]
+    rows = [np.flatnonzero(layer == li) for li in bl]
     block_of = np.full(n0, -1, dtype=np.int64)
     rel = np.full(n0, -1, dtype=np.int64)
     for j, r in enumerate(rows):
@@ -93,7 +94,7 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
         next_id += k
     # edges: out of the last captured block to after the stack now leave from block L-1
     e_src = g.edges["src"].copy()
-    out_last = (sb == captured - 1) & (db < 0) & (layer[dst] > b0 + captured - 1)
+    out_last = (sb == captured - 1) & (db < 0) & (layer[dst] > last)
     e_src[out_last] = block_ids[depth - 1][rel[src[out_last]]]
     add_src, add_dst, add_b, add_a = [e_src], [g.edges["dst"]], [g.edges["bytes"]], [g.edges["arg"]]
     for p in range(captured, depth):
@@ -112,7 +113,7 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
              "bytes": np.concatenate(add_b).astype(np.int64), "arg": np.concatenate(add_a).astype(np.int16)}
     # node columns: the originals, then the copies
     extra = depth - captured
-    layer_new = np.where(layer > b0 + captured - 1, layer + extra, layer)
+    layer_new = np.where(layer > last, layer + extra, layer)
     cols = {}
     for c, v in g.nodes.items():
         parts = [layer_new.astype(v.dtype) if c == "layer" else v]
@@ -122,21 +123,16 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
             if c == "id":
                 piece = block_ids[p]
             elif c == "layer":
-                piece = np.full(len(piece), b0 + p, dtype=v.dtype)
+                piece = np.full(len(piece), last + p - captured + 1, dtype=v.dtype)
             elif c == "name":
                 pat = re.compile(rf"\b{re.escape(stack)}\.{j}\b")
                 piece = np.array([pat.sub(f"{stack}.{p}", s) for s in piece], dtype=object)
             parts.append(piece)
         cols[c] = np.concatenate(parts)
-    # rows in block order (as a capture of every block), ids renumbered to the row order
-    first = int(rows[0].min())
-    others = np.flatnonzero(block_of < 0)
-    copy_rows, at = [], n0
-    for p in range(captured, depth):
-        k = len(block_ids[p])
-        copy_rows.append(np.arange(at, at + k))
-        at += k
-    order = np.concatenate([others[others < first], *rows, *copy_rows, others[others > first]])
+    # the copies' rows right after the last captured block's, as a capture of every block orders
+    # them; ids renumbered to the row order
+    r_last = int(rows[-1].max())
+    order = np.concatenate([np.arange(r_last + 1), np.arange(n0, len(cols["id"])), np.arange(r_last + 1, n0)])
     cols = {c: v[order] for c, v in cols.items()}
     old_ids = cols["id"]
     by_id = np.argsort(old_ids)
@@ -146,5 +142,5 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
 
     edges["src"], edges["dst"] = renumber(edges["src"]), renumber(edges["dst"])
     cols["id"] = np.arange(len(order), dtype=np.int64)
-    layers = names[:b0] + [f"{stack}.{p}" for p in range(depth)] + names[b0 + captured:]
+    layers = names[:last + 1] + [f"{stack}.{p}" for p in range(captured, depth)] + names[last + 1:]
     return OpGraph(cols, edges, dict(g.meta, layers=layers))
