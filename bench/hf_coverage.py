@@ -11,8 +11,9 @@ any of these that transformers also maps as an image-, audio- or video-and-text 
 never run on input_ids alone). Each config keeps its default widths (the meta device holds no
 weights, so width costs nothing) with every depth field over ``--depth`` cut to it, and per-layer
 lists of that length cut with it (where the cut config does not build, the default depth is used and
-the row says so); ``head_dim``, ``num_key_value_heads`` and ``num_experts_per_tok`` that a default
-config leaves None are completed (``config_completed`` in the row). The forward graph is captured at
+the row says so); ``head_dim``, ``num_key_value_heads``, ``num_experts_per_tok``, ``n_routed_experts``
+and ``n_shared_experts`` that a default config leaves None are completed (``config_completed`` in the
+row). The forward graph is captured at
 sequence ``--seq``; with ``--probe-unmapped`` a family whose ops include some without a cost model is
 captured again with them allowed, to show what mapping them would give.
 
@@ -49,6 +50,8 @@ _COMPLETE = {
     "head_dim": lambda c: c["hidden_size"] // c["num_attention_heads"],
     "num_key_value_heads": lambda c: c["num_attention_heads"],
     "num_experts_per_tok": lambda c: 2,
+    "n_routed_experts": lambda c: 8,   # Dots1's default names no expert count
+    "n_shared_experts": lambda c: 1,
 }
 
 

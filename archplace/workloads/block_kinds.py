@@ -173,6 +173,15 @@ def truncate_stacks(model, depths: Mapping[str, int]) -> None:
 
 
 # ---------------------------------------------------------------------- the parameter check
+def unread_parameters(model, read_paths: Iterable[str]) -> list[str]:
+    """The parameters of ``model`` (each once, under its first name) that no captured op reads;
+    ``read_paths`` are the paths the ops read them by (a tied weight under either of its names)."""
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    read = {id(by_name[p]) for p in read_paths if p in by_name}
+    return [n for n, p in model.named_parameters() if id(p) not in read]
+
+
+
 class ParameterMismatchError(ValueError):
     """A captured graph whose parameter count differs from the model's (``graph_params`` vs
     ``model_params``)."""

@@ -87,7 +87,7 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
     import torch.nn as nn
 
     from .backward import derive_backward
-    from .block_kinds import check_parameters, model_census
+    from .block_kinds import check_parameters, model_census, unread_parameters
     from .extract import capture_ops, ops_to_graph
     from .tp_roles import role_table
     from .transforms import slice_tensor_parallel
@@ -135,9 +135,8 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
     g = ops_to_graph(ops, meta, fuse=fuse, roles=table)
     if loss if loss is not None else "For" in type(module).__name__:
         g = append_loss(g)
-    read = {path for op in ops for path in op.param_paths}
     check_parameters(g, model_census(module, stacks), meta["model"],
-                     [n for n, _ in module.named_parameters() if n not in read])
+                     unread_parameters(module, (p for op in ops for p in op.param_paths)))
     g = slice_tensor_parallel(g, tmp)
     return derive_backward(g) if training else g
 

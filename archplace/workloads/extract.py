@@ -232,9 +232,11 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             raise ValueError("scaled_dot_product_attention found: build the model with "
                              "attn_implementation='eager' so attention splits into GEMMs and softmax")
         live_args = [a for a in fx_args if a.name in live]
-        if kind == "view" and all(a.name in root for a in live_args):
+        if (kind == "view" or target.endswith("_")) and live_args and all(a.name in root for a in live_args):
             # a shape-only view or cast of a parameter (a transposed expert weight) is the
-            # parameter itself: its bytes go to the op that computes with it
+            # parameter itself: its bytes go to the op that computes with it; so is a parameter
+            # updated in place from parameters and constants only (RWKV rescales its weights so
+            # in inference, not in a training step)
             root[node.name] = root[live_args[0].name]
             continue
         val = node.meta.get("val")
@@ -368,18 +370,19 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
     table_role = [weight_role(o.param_paths[0], roles) if o.block is not None and o.param_paths
                   and o.kind in TENSOR_KINDS else None for o in ops]
     # ---- layers
+    blocks = _with_loop_glue(ops)
     layer_names: list[str] = []
     layer_of = np.empty(len(ops), dtype=np.int32)
     block_layer: dict[tuple[str, int], int] = {}
     current = -1
     seen_block = False
-    last_block_pos = max((i for i, op in enumerate(ops) if op.block), default=-1)
+    last_block_pos = max((i for i, b in enumerate(blocks) if b), default=-1)
     for i, op in enumerate(ops):
-        if op.block is not None:
-            if op.block not in block_layer:
-                block_layer[op.block] = len(layer_names)
-                layer_names.append(f"{op.block[0]}.{op.block[1]}")
-            current = block_layer[op.block]
+        if blocks[i] is not None:
+            if blocks[i] not in block_layer:
+                block_layer[blocks[i]] = len(layer_names)
+                layer_names.append(f"{blocks[i][0]}.{blocks[i][1]}")
+            current = block_layer[blocks[i]]
             seen_block = True
         elif current < 0 or ((op.module or i > last_block_pos) and _is_block_name(layer_names[current])):
             # a run of non-block ops starts: before all blocks, after them, or in between
@@ -430,6 +433,29 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
             unknown.append(op.module)
     g.meta["tp_unknown"] = unknown
     return g
+
+
+def _with_loop_glue(ops: list[_Op]) -> list[tuple[str, int] | None]:
+    """Each op's block, where the ops of the layer loop itself (ops of a module that holds the stack,
+    or of the root, run between two blocks of the stack: XLNet's per-layer memory, Gemma-3n's
+    per-layer input slices) belong to the block they run before, so that every block holds its own."""
+    out = [op.block for op in ops]
+    nxt: list[tuple[str, int] | None] = [None] * len(ops)
+    after = None
+    for i in range(len(ops) - 1, -1, -1):
+        nxt[i] = after
+        if ops[i].block is not None:
+            after = ops[i].block
+    prev: tuple[str, int] | None = None
+    for i, op in enumerate(ops):
+        if op.block is not None:
+            prev = op.block
+            continue
+        b = nxt[i]
+        if prev is not None and b is not None and prev[0] == b[0] and (
+                op.module == "" or b[0].startswith(op.module + ".")):
+            out[i] = b
+    return out
 
 
 def _is_block_name(name: str) -> bool:

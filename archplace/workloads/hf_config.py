@@ -127,8 +127,23 @@ def build_meta_model(cls: type, config):
     except Exception as e:  # noqa: BLE001 - any failure of a user's config is one line, not a traceback
         raise ValueError(f"hf-config: building {cls.__name__} on the meta device failed: "
                          f"{type(e).__name__}: {_first_line(e)}") from e
+    _params_to_meta(model)
     model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
     return model
+
+
+def _params_to_meta(model) -> None:
+    """Parameters a legacy constructor made on the CPU despite the meta device (XLNet's
+    ``torch.FloatTensor(...)`` attention weights) move to the meta device, tied ones together."""
+    import torch.nn as nn
+
+    moved: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and not p.is_meta:
+                if id(p) not in moved:
+                    moved[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+                mod._parameters[name] = moved[id(p)]
 
 
 def _first_line(e: BaseException) -> str:

@@ -186,7 +186,13 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
     import torch.nn as nn
     import transformers
 
-    from .block_kinds import capture_depths, check_parameters, model_census, truncate_stacks
+    from .block_kinds import (
+        capture_depths,
+        check_parameters,
+        model_census,
+        truncate_stacks,
+        unread_parameters,
+    )
     from .stack_expand import expand_stack
 
     p = preset(name)
@@ -230,9 +236,7 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
         g = append_loss(g)
     for st in stacks:
         g = expand_stack(g, st, census.stacks[st].kinds)
-    read = {path for op in ops for path in op.param_paths}
-    unread = [n for n, _ in model.named_parameters() if n not in read]
-    check_parameters(g, census, name, unread)
+    check_parameters(g, census, name, unread_parameters(model, (p for op in ops for p in op.param_paths)))
     return g
 
 
