@@ -90,6 +90,33 @@ def test_grown_stack_equals_a_capture_of_every_block(name):
         assert expert_layers == {f"model.layers.{i}" for i in moe}
 
 
+def test_weights_rescaled_in_place_are_the_weights():
+    """RWKV, when not training, divides every second block's output weights in place and halves the
+    hidden state after it (rescale_every=2). The halving runs in the layer loop between blocks, so
+    blocks 1 and 2 differ in their ops: a one-line error at the default capture, exact when every
+    block is captured. The in-place update of a parameter from parameters alone is the parameter:
+    its bytes stay with the block that computes with it."""
+    cfg = dict(architectures=["RwkvForCausalLM"], model_type="rwkv", vocab_size=128, hidden_size=32,
+               attention_hidden_size=32, intermediate_size=64, num_hidden_layers=6, context_length=64,
+               rescale_every=2)
+    with pytest.raises(ValueError, match=r"^stack 'rwkv.blocks': blocks 1 and 2 are of one kind but their "
+                                         r"captured ops differ \(\d+ vs \d+ ops\); capture every block"):
+        api.from_hf_config(cfg, seq=SEQ, training=False)
+    g = api.from_hf_config(cfg, seq=SEQ, training=False, capture_blocks=6)
+    assert api.graph_summary(g)["parameters"] == _transformers_count(cfg)
+    nd, layers = g.nodes, g.meta["layers"]
+    per_block = [int(nd["weight_bytes"][nd["layer"] == layers.index(f"rwkv.blocks.{i}")].sum())
+                 for i in range(6)]
+    assert len(set(per_block[1:])) == 1  # block 0 also holds the pre-LayerNorm
+
+
+def test_capture_blocks_is_refused_for_graph_files(tmp_path):
+    f = tmp_path / "graph.json"
+    f.write_text("{}")
+    with pytest.raises(ValueError, match="capture_blocks applies to captured models"):
+        api.GraphRequest(str(f), capture_blocks=5).validate()
+
+
 def test_capture_depth_closed_forms():
     """The fewest leading blocks holding every (kind before, kind) pair at a position >= 2 and
     ending on the last block's kind."""
