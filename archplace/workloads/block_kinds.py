@@ -39,7 +39,6 @@ class StackCensus:
     """One block stack of the full model."""
 
     kinds: tuple[int, ...]          # each block's kind, numbered in order of first appearance
-    labels: tuple[str, ...]         # one short description per kind (for messages)
     block_params: tuple[int, ...]   # parameters of each block (a shared parameter counts in its first)
 
     @property
@@ -79,12 +78,6 @@ def _block_signature(block, index: int, lists: list[tuple[str, Any]]) -> tuple:
     return (type(block).__name__, params, mods, attrs, per_layer)
 
 
-def _label(block, signature: tuple) -> str:
-    n = sum(p.numel() for p in block.parameters())
-    extra = [f"{a}={v}" for _, a, v in signature[3]][:2] + [f"{k}={v}" for k, v in signature[4]][:2]
-    return f"{type(block).__name__} ({n:,} parameters{', ' if extra else ''}{', '.join(extra)})"
-
-
 def _block_index(name: str, stacks: Sequence[str]) -> tuple[str, int] | None:
     """(stack, i) when parameter path ``name`` lies in block i of one of ``stacks`` (longest first)."""
     for st in stacks:
@@ -116,15 +109,8 @@ def model_census(model, stacks: Iterable[str]) -> Census:
         blocks = list(modules[st])
         lists = _per_layer_lists(config, len(blocks))
         seen: dict[tuple, int] = {}
-        labels: list[str] = []
-        kinds = []
-        for i, b in enumerate(blocks):
-            sig = _block_signature(b, i, lists)
-            if sig not in seen:
-                seen[sig] = len(seen)
-                labels.append(_label(b, sig))
-            kinds.append(seen[sig])
-        out[st] = StackCensus(tuple(kinds), tuple(labels), tuple(counts[st]))
+        kinds = [seen.setdefault(_block_signature(b, i, lists), len(seen)) for i, b in enumerate(blocks)]
+        out[st] = StackCensus(tuple(kinds), tuple(counts[st]))
     return Census(out, other, total)
 
 
@@ -179,7 +165,6 @@ def unread_parameters(model, read_paths: Iterable[str]) -> list[str]:
     by_name = dict(model.named_parameters(remove_duplicate=False))
     read = {id(by_name[p]) for p in read_paths if p in by_name}
     return [n for n, p in model.named_parameters() if id(p) not in read]
-
 
 
 class ParameterMismatchError(ValueError):
