@@ -79,14 +79,14 @@ def list_families() -> list[dict]:
             if mt not in rows and mt in ma.MODEL_MAPPING_NAMES:
                 rows[mt] = ("encoder", first(ma.MODEL_MAPPING_NAMES[mt]))
     multimodal = {mt for name in _MULTIMODAL_MAPPINGS for mt in getattr(ma, name, {})}
-    rows = {mt: ("multimodal" if mt in multimodal else cat, cls) for mt, (cat, cls) in rows.items()}
     order = {c: i for i, c in enumerate(CATEGORIES)}
-    return [{"family": mt, "category": cat, "model_class": cls}
-            for mt, (cat, cls) in sorted(rows.items(), key=lambda kv: (order[kv[1][0]], kv[0]))]
+    out = [{"family": mt, "category": "multimodal" if mt in multimodal else cat, "mapping": cat,
+            "model_class": cls} for mt, (cat, cls) in rows.items()]
+    return sorted(out, key=lambda r: (order[r["category"]], r["family"]))
 
 
 def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
 def _stage(msg: str) -> str:
@@ -272,6 +272,13 @@ def summarize(results: list[dict]) -> dict:
         out[cat] = {"families": len(rs), **counts,
                     "exact_share": round(counts["exact"] / len(rs), 4) if rs else None,
                     "failed_by_stage": dict(sorted(stages.items()))}
+    # each auto mapping as transformers lists it, its multimodal families included
+    out["by_mapping"] = {}
+    for cat in CATEGORIES[:3]:
+        rs = [r for r in results if r.get("mapping") == cat]
+        out["by_mapping"][cat] = {"families": len(rs), "exact": sum(r["status"] == "exact" for r in rs),
+                                  "exact_share": round(sum(r["status"] == "exact" for r in rs) / len(rs), 4)
+                                  if rs else None}
     ops: dict[str, int] = {}
     for r in results:
         for op in r.get("unmapped_ops", []) if r["status"] == "failed" else []:
@@ -323,6 +330,10 @@ def main() -> int:
         s = summary[cat]
         share = f"{100 * s['exact_share']:.1f}" if s["exact_share"] is not None else "-"
         print(f"{cat:16s} {s['families']:8d} {s['exact']:6d} {s['mismatch']:8d} {s['failed']:6d} {share:>8s}")
+    for cat, s in summary["by_mapping"].items():
+        if s["families"]:
+            print(f"  {cat} mapping with its multimodal families: {s['exact']}/{s['families']} exact "
+                  f"({100 * s['exact_share']:.1f} %)")
     doc = {"benchmark": "hf_coverage", **git_state(), "command": command(), "machine": machine(load),
            "wall_s": round(time.time() - t0, 1), "transformers": transformers.__version__,
            "torch": torch.__version__,
