@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..workloads.layers import OPTIMIZERS
 from ._common import (
     InvalidRequest,
     ProgressFn,
@@ -46,9 +48,13 @@ class PlaceRequest(Request):
     ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
+    optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
+    sync_model: str = "exposed"                  # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("sync_model", self.sync_model, SYNC_MODELS)
         load_accelerator(self.arch)
         check_int("accelerators", self.accelerators)
         check_int("global_batch", self.global_batch)
@@ -93,6 +99,7 @@ class PlaceResult(Result):
     global_batch: int
     schedule: str                   # "ilp" or "sequential"
     strategy: str = "dp"            # "dp" (best p, d, t), "fixed" (given p, d, t; DP split) or "expert"
+    optimizer: str = "adam"         # the optimizer whose state the HBM fit counts
 
     @property
     def feasible(self) -> bool:
@@ -130,7 +137,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
-    common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,))
+    common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,))
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
              for t in widths if t <= req.accelerators]
@@ -145,11 +152,11 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     t0 = time.perf_counter()
     if req.expert is not None:   # the same call as bench/phaze_tpuv4.py's expert column
         best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, req.hbm_gb,
-                                  RECOMPUTE, LINK_BW)
+                                  RECOMPUTE, LINK_BW, req.sync_model)
     else:
         evaluate = None if req.fixed is None else fixed_evaluator(*req.fixed)
         best, rows = sweep(layers[kind], req.accelerators, req.global_batch, req.hbm_gb, RECOMPUTE, LINK_BW,
-                           evaluate)
+                           evaluate, req.sync_model)
     if not cases:
         best.reason = (f"no microbatch size in {list(MICROBATCHES)} divides global batch {req.global_batch} "
                        f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
@@ -161,7 +168,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"
     res = PlaceResult(**tp.summary(), area_mm2=accelerator_area_mm2(acc), accelerators=req.accelerators,
-                      global_batch=req.global_batch, schedule=kind, strategy=strategy)
+                      global_batch=req.global_batch, schedule=kind, strategy=strategy,
+                      optimizer=req.optimizer)
     steps.done(feasible=res.feasible, throughput=res.throughput)
     return res
 

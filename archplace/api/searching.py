@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..workloads.layers import OPTIMIZERS
 from ._common import (
     ProgressFn,
     Request,
@@ -51,6 +53,8 @@ class SearchRequest(Request):
     ilp_time_limit_s: float = 5.0           # per layer ILP
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
+    optimizer: str = "adam"                 # sgd, adam, adafactor: optimizer state in the HBM fit
+    sync_model: str = "exposed"             # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
     space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
     hysteresis: int = 6
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
@@ -66,6 +70,7 @@ class SearchRequest(Request):
             models=tuple(self.models), num_devices=self.accelerators, global_batch=self.global_batch,
             microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
             seq=self.seq, ilp_time_limit_s=self.ilp_time_limit_s, contention=self.contention,
+            optimizer=self.optimizer, sync_model=self.sync_model,
             space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
             tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {})
 
@@ -89,6 +94,8 @@ class SearchRequest(Request):
         check_optional_str("schedule_cache", self.schedule_cache)
         check_choice("recompute", self.recompute, tuple(sorted(RECOMPUTE)))
         check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("sync_model", self.sync_model, SYNC_MODELS)
         for name in ("microbatches", "tmp_widths"):
             v = getattr(self, name)
             if not (v is None and name == "tmp_widths") and not (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
-from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, float_list, int_list
+from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, add_training_args, float_list, int_list
 
 
 def cmd_search(args) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def cmd_search(args) -> dict[str, Any]:
         tmp_widths=int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
         ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
-        contention=not args.no_contention)
+        contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model)
     return api.search(req, terminal_progress=not args.json).to_dict()
 
 
@@ -127,6 +127,7 @@ def add_search_parser(sub) -> None:
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
     se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
     se.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
+    add_training_args(se)
     se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
     se.add_argument("--hysteresis", type=int, default=6)
     se.add_argument("--area-bucket", type=float, default=0.01,

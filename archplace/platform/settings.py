@@ -23,7 +23,8 @@ class SearchSettings:
     hbm_gb: tuple[float, ...] = (32, 64, 80)
     recompute: tuple[bool, ...] = (False, True)
     seq: int | None = None
-    optimizer: str = "sgd"
+    optimizer: str = "adam"         # sgd | adam | adafactor: optimizer state in the memory fit
+    sync_model: str = "exposed"     # gradient sync: "exposed" (1F1B overlap) or "paper" (eq. 18)
     link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
     ilp_time_limit_s: float = 5.0
     space: dict | None = None

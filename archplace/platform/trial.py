@@ -12,6 +12,7 @@ stream into the store and the searcher sees each value as soon as it exists.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -123,13 +124,11 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         by_mbs: dict[int, dict[int, PlacementLayers]] = {}
         for (mbs, t), (base, plan) in p["cases"].items():
             fw, bw = plan.assemble(makespan)
-            by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
-                base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
-                base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
+            by_mbs.setdefault(mbs, {})[t] = dataclasses.replace(base, forward_s=fw, backward_s=bw)
         expert = expert_for(m, settings.num_devices)
         dp_refs[m] = (expert, [dp_task.remote(lys, settings.num_devices, settings.global_batch, mbs,
                                               settings.hbm_gb, settings.recompute,
-                                              settings.link_bw_bytes_per_s, expert)
+                                              settings.link_bw_bytes_per_s, expert, settings.sync_model)
                                for mbs, lys in by_mbs.items()])
     for m, (expert, refs) in dp_refs.items():
         outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)

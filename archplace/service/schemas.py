@@ -285,6 +285,8 @@ class EvaluateRequest(Strict):
     seq: int | None = Field(default=None, ge=1, le=32_768)
     ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
     contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
+    optimizer: Literal["sgd", "adam", "adafactor"] = "adam"  # optimizer state counted in the HBM fit
+    sync_model: Literal["exposed", "paper"] = "exposed"  # gradient sync: 1F1B-exposed or eq. 18
 
     @field_validator("model")
     @classmethod

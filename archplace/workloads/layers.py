@@ -13,10 +13,24 @@ import numpy as np
 
 from .graph import OpGraph
 
-# Optimizer state per byte of parameters. "sgd": plain SGD keeps none (the Phaze solver's default);
-# "adam": one extra copy as in the Phaze DP ("Adam" = parameter size); "adam-mixed": fp32 master
-# weights plus two fp32 moments for fp16 parameters, 12 bytes per 2-byte parameter (ZeRO paper, §3.1).
-OPTIMIZER_STATE_PER_PARAM_BYTE = {"sgd": 0.0, "adam": 1.0, "adam-mixed": 6.0}
+# Optimizer state per parameter, beside the parameter and its gradient (each in the graph's precision),
+# as Megatron and ZeRO count mixed-precision training (Rajbhandari et al. 2020, §3.1: 2 + 2 + 12 bytes
+# per parameter for Adam): an fp32 master copy when parameters are narrower than fp32, plus
+# Adam's two fp32 moments; Adafactor (Shazeer & Stern 2018, without momentum, T5's setting) keeps only
+# factored second moments, O(rows + columns), which we count as 0; plain SGD keeps nothing (the Phaze
+# paper's setting).
+OPTIMIZERS = ("sgd", "adam", "adafactor")
+MASTER_COPY_BYTES = 4                     # fp32 master weights, when parameters are narrower
+MOMENT_BYTES = {"sgd": 0, "adam": 8, "adafactor": 0}
+
+
+def optimizer_bytes_per_param(optimizer: str, bytes_per_element: int) -> float:
+    """Optimizer-state bytes per parameter (not counting the parameter and its gradient)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer == "sgd":
+        return 0.0
+    return float((MASTER_COPY_BYTES if bytes_per_element < 4 else 0) + MOMENT_BYTES[optimizer])
 
 _HASH_NODE_COLUMNS = ("kind", "core", "is_backward", "gemm_b", "gemm_m", "gemm_n", "gemm_k", "flops",
                       "vector_flops", "input_bytes", "output_bytes", "weight_bytes", "saved_bytes",
@@ -63,9 +77,9 @@ class LayerGraph:
             np.all(self.edge_src < self.edge_dst))
 
 
-def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
-    if optimizer not in OPTIMIZER_STATE_PER_PARAM_BYTE:
-        raise ValueError(f"optimizer {optimizer!r} unknown; allowed: {list(OPTIMIZER_STATE_PER_PARAM_BYTE)}")
+def layer_graph(g: OpGraph, optimizer: str = "adam") -> LayerGraph:
+    bpe = int(g.meta.get("bytes_per_element", 2) or 2)
+    state_per_param_byte = optimizer_bytes_per_param(optimizer, bpe) / bpe
     names = tuple(g.meta.get("layers", ()))
     if not names:
         raise ValueError(f"graph {g.meta.get('model')!r} has no layers (meta['layers'] is empty)")
@@ -91,7 +105,7 @@ def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
     return LayerGraph(
         names=names,
         param_bytes=params,
-        optimizer_bytes=(params * OPTIMIZER_STATE_PER_PARAM_BYTE[optimizer]).astype(np.int64),
+        optimizer_bytes=(params * state_per_param_byte).astype(np.int64),
         activation_bytes=per_layer(nd["saved_bytes"], fwd).astype(np.int64),
         forward_flops=per_layer(nd["flops"], fwd),
         backward_flops=per_layer(nd["flops"], ~fwd),

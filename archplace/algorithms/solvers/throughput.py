@@ -6,6 +6,7 @@ Everything here is plain Python (no Ray); the platform wraps it into actors and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +98,7 @@ def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
-                     sequential: bool = False, optimizer: str = "sgd",
+                     sequential: bool = False, optimizer: str = "adam",
                      **solve_kw: Any) -> PlacementLayers:
     """The DP's input for one graph (one TMP width and microbatch)."""
     if sequential:
@@ -112,7 +113,8 @@ def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: A
     sliced = g.nodes["tp_role"] != ""
     tp[np.unique(g.nodes["layer"][sliced])] = True
     return PlacementLayers(int(g.meta.get("tmp", 1) or 1), fw, bw, lg.param_bytes, lg.optimizer_bytes,
-                           lg.activation_bytes, tp, lg.edge_src, lg.edge_dst, lg.edge_bytes, lg.names)
+                           lg.activation_bytes, tp, lg.edge_src, lg.edge_dst, lg.edge_bytes, lg.names,
+                           getattr(lg, "tied_bytes", None))
 
 
 @dataclass
@@ -135,7 +137,7 @@ class ThroughputResult:
 
 
 def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_widths=None,
-                   num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "sgd",
+                   num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "adam",
                    link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, seq: int | None = None,
                    schedules=("ilp",), **solve_kw: Any) -> tuple[dict, dict[str, float], dict[str, Any]]:
     """``{schedule: {mbs: {t: PlacementLayers}}}`` for the layer-schedule kinds in ``schedules``
@@ -172,31 +174,36 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
                     for k in ("unique_solved", "cache_hits"):
                         stats[k] += int(info.get(k, 0))
                     stats["slices"] += [{**e, "microbatch": mbs, "tmp": t} for e in info["slices"]]
-                    ly = PlacementLayers(base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes,
-                                         base.activation_bytes, base.tensor_parallel, base.edge_src,
-                                         base.edge_dst, base.edge_bytes, base.names)
+                    ly = dataclasses.replace(base, forward_s=fw, backward_s=bw)
                 out[kind].setdefault(mbs, {})[t] = ly
     return out, timing, stats
 
 
 def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int, global_batch: int,
           hbm_gb=(32, 64, 80), recompute=(False, True), link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
-          evaluate=None) -> tuple[Placement, list[dict[str, Any]]]:
+          evaluate=None, sync_model: str = "exposed") -> tuple[Placement, list[dict[str, Any]]]:
     """Best placement over microbatch, HBM size and recomputation. ``evaluate(layers_by_t, setup)``
-    defaults to the DP over TMP widths (``best_placement``)."""
+    defaults to the DP over TMP widths (``best_placement``); ``sync_model`` charges the gradient sync
+    (``grad_sync.py``: "exposed", or the paper's eq. 18)."""
     evaluate = evaluate or best_placement
     best: Placement | None = None
     rows = []
+    relaxed: tuple | None = None  # the least demanding configuration tried: its reason stands if none fits
     for mbs, layers in layers_by_mbs.items():
         for hbm in hbm_gb:
             for rec in recompute:
-                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw)
+                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw, sync_model)
                 res = evaluate(layers, setup)
                 rows.append({"microbatch": mbs, "hbm_gb": hbm, "recompute": rec, "feasible": res.feasible,
                              "throughput": res.throughput if res.feasible else 0.0,
                              "p": res.p, "d": res.d, "t": res.t})
                 if best is None or (res.feasible and (not best.feasible or res.throughput > best.throughput)):
                     best = res
+                key = (-mbs, hbm, rec)  # a smaller microbatch, more HBM, recomputation: less memory
+                if not res.feasible and (relaxed is None or key > relaxed[0]):
+                    relaxed = (key, res)
+    if best is not None and not best.feasible and relaxed is not None:
+        best = relaxed[1]
     if best is None:
         best = Placement(False, reason="no microbatch size divides the global batch")
     return best, rows
@@ -224,21 +231,24 @@ def fixed_evaluator(p: int, d: int, t: int):
 
 def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tuple[int, int, int],
                  num_devices: int, global_batch: int, hbm_gb=(32, 64, 80), recompute=(False, True),
-                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S) -> tuple[Placement, list[dict[str, Any]]]:
+                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, sync_model: str = "exposed"
+                 ) -> tuple[Placement, list[dict[str, Any]]]:
     """The best expert placement {p, d, t} over microbatch, HBM and recomputation: what
     ``archplace place --expert``, the search's expert column and bench/phaze_tpuv4.py report."""
     p, d, t = pdt
     only_t = {m: {t: lys[t]} for m, lys in layers_by_mbs.items() if t in lys}
     if not only_t:
         return Placement(False, t=t, reason=f"no layer graph for tmp width {t}"), []
-    return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t))
+    return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t),
+                 sync_model)
 
 
 def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
                      microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
-                     tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
+                     tmp_widths=None, optimizer: str = "adam", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
                      sequential: bool = False, fixed: tuple[int, int, int] | None = None,
-                     seq: int | None = None, **solve_kw: Any) -> ThroughputResult:
+                     seq: int | None = None, sync_model: str = "exposed",
+                     **solve_kw: Any) -> ThroughputResult:
     """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
 
     ``fixed = (p, d, t)`` evaluates one strategy (the DP still chooses the stage split);
@@ -251,6 +261,7 @@ def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, glob
                                            optimizer, link_bw, seq, (kind,), **solve_kw)
     t0 = time.perf_counter()
     evaluate = None if fixed is None else fixed_evaluator(*fixed)
-    best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate)
+    best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate,
+                       sync_model)
     timing["dp_s"] = time.perf_counter() - t0
     return ThroughputResult(model, acc, best, rows, timing, stats)
