@@ -95,7 +95,7 @@ def test_layer_view_of_small_graph():
     assert list(sub.nodes["kind"]) == ["gelu", "linear"]
     assert sub.num_edges == 1
     assert layer_subgraph(g, 1, backward=True).nodes["is_backward"].all()
-    with pytest.raises(ValueError, match=r"optimizer must be one of \['sgd', 'adam', 'adafactor'\], got 'lamb'"):
+    with pytest.raises(ValueError, match=r"optimizer must be one of .*'adafactor'\], got 'lamb'"):
         layer_graph(g, optimizer="lamb")
     with pytest.raises(ValueError, match="layer 7 out of range"):
         layer_subgraph(g, 7)
