@@ -49,6 +49,7 @@ import numpy as np
 from ..hardware import constants as C
 from ..hardware.accelerator import Accelerator
 from ..workloads.graph import OpGraph
+from ..workloads.ops import moved_bytes
 
 _CORE_CODE = {"none": 0, "tensor": 1, "vector": 2, "fused": 3, "comm": 4}
 
@@ -119,7 +120,7 @@ class UniqueOps:
     def from_graph(cls, g: OpGraph) -> UniqueOps:
         nd = g.nodes
         core = np.array([_CORE_CODE.get(c, 0) for c in nd["core"]], dtype=np.float64)
-        moved = (nd["input_bytes"] + nd["output_bytes"] + nd["weight_bytes"]).astype(np.float64)
+        moved = moved_bytes(nd)
         key = np.stack([core, nd["gemm_b"], nd["gemm_m"], nd["gemm_n"], nd["gemm_k"],
                         nd["vector_flops"], moved], axis=1).astype(np.float64)
         uniq, inverse = np.unique(key, axis=0, return_inverse=True)
