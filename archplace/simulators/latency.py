@@ -24,6 +24,8 @@ Model, in cycles unless noted:
   GLB traffic and HBM traffic, plus a fixed launch cost.
 - **AllReduce** (TMP): a ring over ``t`` devices, ``2(t−1)/t · bytes / link_bw`` on the network,
   plus the element-wise sums on the vector cores.
+- a data-moving op (``copy``: no flops) takes its bytes' GLB and HBM time; an embedding lookup moves
+  its ids and the rows it gathers, not its table (``workloads.ops.moved_bytes``);
 - shape-only ops cost nothing.
 
 **Bandwidth shares** (``bandwidth_shares``): the layer ILP's contention model needs, per op in

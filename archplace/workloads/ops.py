@@ -1,9 +1,10 @@
 """Operator kinds, their core classes and how each kind behaves in training.
 
 The mapping follows Phaze (spec ``phaze.md`` §3.2 and §11.2): GEMM-like ops run on tensor cores,
-element-wise / normalisation / reduction ops on vector cores, shape-only ops cost nothing, and
-collectives are communication. A tensor op fused with the vector op that follows it runs on a
-"fused" core (a tensor core paired with a vector core).
+element-wise / normalisation / reduction ops on vector cores, data-moving ops (copies, gathers) on
+vector cores for their bytes alone, shape-only ops cost nothing, and collectives are communication.
+A tensor op fused with the vector op that follows it runs on a "fused" core (a tensor core paired
+with a vector core).
 """
 
 from __future__ import annotations
