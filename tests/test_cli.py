@@ -56,7 +56,7 @@ def test_graph_loads_dnn_partitioning_json(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["graph", "bert-huge"], "unknown model 'bert-huge'"),
     (["graph", "bert-base", "--mbs", "0"], "mbs must be a positive integer"),
-    (["graph", "gpt2-xl", "--tmp", "2"], "not divisible by tmp width 2"),
+    (["graph", "gpt2-xl", "--tmp", "2"], "tmp width 2 does not divide field 'num_attention_heads' = 25"),
     (["graph", "missing.parquet"], "does not exist"),
 ])
 def test_bad_input_is_one_line(capsys, argv, match):

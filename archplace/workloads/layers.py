@@ -57,10 +57,33 @@ class LayerGraph:
     edge_bytes: np.ndarray
     structural_hash: tuple[str, ...]
     optimizer: str
+    # tied weights: one entry per parameter that several layers hold (an embedding and its tied LM
+    # head): (the layers holding it, its bytes per device). ``param_bytes`` counts it in each of them
+    # (each stage holding one of them keeps a copy, its gradient and its optimizer state); their
+    # gradients are summed by an AllReduce between the stages holding them.
+    tied_groups: tuple[tuple[tuple[int, ...], int], ...] = ()
 
     @property
     def num_layers(self) -> int:
         return len(self.names)
+
+    @property
+    def tied_bytes(self) -> np.ndarray:
+        """Per layer, the bytes of its parameters that other layers hold too (0 for most layers)."""
+        out = np.zeros(self.num_layers, dtype=np.int64)
+        for layers, nbytes in self.tied_groups:
+            out[list(layers)] += nbytes
+        return out
+
+    def unique_param_bytes(self, layers: np.ndarray | list[int] | None = None) -> int:
+        """Parameter bytes of ``layers`` (default all) with each tied parameter counted once: what
+        one device holding all of them keeps."""
+        sel = np.arange(self.num_layers) if layers is None else np.asarray(layers, dtype=np.int64)
+        total = int(self.param_bytes[sel].sum())
+        chosen = set(sel.tolist())
+        for group, nbytes in self.tied_groups:
+            total -= nbytes * max(len(chosen.intersection(group)) - 1, 0)
+        return total
 
     def repeat_groups(self) -> list[list[int]]:
         """Layers with equal structural hashes, in first-appearance order (singletons included)."""
@@ -115,7 +138,20 @@ def layer_graph(g: OpGraph, optimizer: str = "adam") -> LayerGraph:
         edge_bytes=ebytes,
         structural_hash=structural_hashes(g),
         optimizer=optimizer,
+        tied_groups=tied_groups(g),
     )
+
+
+def tied_groups(g: OpGraph) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """``LayerGraph.tied_groups`` from the graph's ``meta["shared_params"]`` (layer names to indices)."""
+    names = list(g.meta.get("layers", ()))
+    out = []
+    for p in g.meta.get("shared_params") or ():
+        missing = [n for n in p["layers"] if n not in names]
+        if missing:
+            raise ValueError(f"shared parameter {p['param']!r}: layers {missing} are not in the graph")
+        out.append((tuple(names.index(n) for n in p["layers"]), int(p["bytes"])))
+    return tuple(out)
 
 
 def structural_hashes(g: OpGraph) -> tuple[str, ...]:

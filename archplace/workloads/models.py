@@ -13,7 +13,7 @@ from typing import Any
 from .backward import derive_backward
 from .extract import capture_ops, ops_to_graph
 from .graph import OpGraph
-from .hf_config import hf_model, is_hf_ref
+from .hf_config import attention_heads, hf_model, is_hf_ref
 from .transforms import replicate_blocks, slice_tensor_parallel
 
 
@@ -207,7 +207,8 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
     meta = {"model": name, "source": f"transformers {transformers.__version__} "
             f"{p.model_class}", "family": p.family, "seq": seq, "mbs": mbs, "tmp": 1,
             "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
-            "captured_blocks": captured, "blocks": dict(stacks)}
+            "captured_blocks": captured, "blocks": dict(stacks),
+            "heads": attention_heads(p.make_config())}
     g = ops_to_graph(ops, meta, fuse=fuse, roles=p.roles)
     if p.has_loss:
         g = append_loss(g)
