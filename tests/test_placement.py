@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from archplace.algorithms.solvers.expert import expert_placement
 from archplace.algorithms.solvers.grad_sync import stage_sync
 from archplace.algorithms.solvers.placement import (
     PlacementLayers,
     TrainingSetup,
     best_placement,
     downsets,
-    expert_placement,
     place,
     stage_cost,
 )

@@ -325,7 +325,7 @@ def _d_levels(setup: TrainingSetup, fixed: tuple[int, int] | None) -> list[tuple
     return levels[::-1]
 
 
-def _finish(ly: PlacementLayers, setup: TrainingSetup, parts: list[list[int]], loads: list[float],
+def placement_of_stages(ly: PlacementLayers, setup: TrainingSetup, parts: list[list[int]], loads: list[float],
             mems: list[float], devices: list[int], d: int) -> Placement:
     """The placement of these stages (layer lists, first to last) with d pipelines: F with the
     exposed sync computed exactly for its stages and d."""
@@ -504,7 +504,7 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
         loads.append(float((T.load_recompute if (setup.recompute and from_end > 1) else T.load_plain)[a, b]))
         mems.append(float(T.const_bytes[a, b] + (from_end - 1) * T.stash_bytes[a, b]))
         devices.append(1 if nt[a, b] else t)
-    return _finish(ly, setup, [list(range(a, b)) for a, b in bounds], loads, mems, devices, d)
+    return placement_of_stages(ly, setup, [list(range(a, b)) for a, b in bounds], loads, mems, devices, d)
 
 
 # ---------------------------------------------------------------------------------------- general DAGs
@@ -612,7 +612,7 @@ def _place_general(ly, setup, s_max, m_max, fixed) -> Placement:
         loads.append(c["recompute"] if (setup.recompute and from_end > 1) else c["plain"])
         mems.append(c["const"] + (from_end - 1) * c["stash"])
         devices.append(1 if (c["single"] and t > 1) else t)
-    return _finish(ly, setup, parts, loads, mems, devices, d)
+    return placement_of_stages(ly, setup, parts, loads, mems, devices, d)
 
 
 def _general_round(ds, index, cost, setup, t, s_max, m_max, fixed, exposed_model: bool, eps: float,
@@ -687,38 +687,3 @@ def best_placement(layers_by_t: dict[int, PlacementLayers] | list[PlacementLayer
     if best is None:
         return Placement(False, reason=f"no layer graph for tmp width {fixed[2] if fixed else '?'}")
     return best
-
-
-def expert_placement(ly: PlacementLayers, setup: TrainingSetup, p: int, d: int,
-                     block: np.ndarray | None = None) -> Placement:
-    """An expert strategy {p, d, t} as the Phaze code evaluates it (spec §8.3): ceil(blocks/p)
-    consecutive transformer blocks per stage, the layers before the first block in the first stage
-    and those after the last block in the last; the same load, memory and F as the DP."""
-    import re
-
-    L, t = ly.num_layers, ly.tmp
-    if block is None:
-        block = np.array([bool(re.search(r"\.\d+$", n)) for n in ly.names]) if ly.names else np.ones(L, bool)
-    idx = np.flatnonzero(block)
-    if not 1 <= p <= max(len(idx), 1):
-        return Placement(False, t=t, reason=f"p = {p} stages but only {len(idx)} transformer blocks")
-    per = -(-len(idx) // p)
-    cuts = [int(idx[k * per]) for k in range(1, p) if k * per < len(idx)]
-    bounds = list(zip([0, *cuts], [*cuts, L]))
-    s = len(bounds)
-    loads, mems, devices = [], [], []
-    for pos, (a, b) in enumerate(bounds):
-        c = stage_cost(ly, setup, list(range(a, b)))
-        from_end = s - pos
-        mem = c["const"] + (from_end - 1) * c["stash"]
-        if mem > setup.hbm_bytes:
-            return Placement(False, t=t, microbatch=setup.microbatch, recompute=setup.recompute,
-                             hbm_bytes=setup.hbm_bytes,
-                             reason=f"expert stage {pos} needs {mem / 2**30:.2f} GiB of HBM")
-        loads.append(c["recompute"] if (setup.recompute and from_end > 1) else c["plain"])
-        mems.append(mem)
-        devices.append(1 if (c["single"] and t > 1) else t)
-    if d * sum(devices) > setup.num_devices or d > setup.microbatches:
-        return Placement(False, t=t, reason=f"{p}×{d}×{t} needs more than {setup.num_devices} devices "
-                                            f"or {setup.microbatches} microbatches")
-    return _finish(ly, setup, [list(range(a, b)) for a, b in bounds], loads, mems, devices, d)

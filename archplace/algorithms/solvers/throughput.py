@@ -18,7 +18,8 @@ from ...hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 from ...simulators.estimate import estimate_graph
 from ...workloads.graph import OpGraph
 from ...workloads.layers import layer_graph
-from .placement import Placement, PlacementLayers, TrainingSetup, best_placement, expert_placement
+from .expert import expert_placement
+from .placement import Placement, PlacementLayers, TrainingSetup, best_placement
 
 
 def layer_times_sequential(g: OpGraph, all_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
