@@ -115,8 +115,8 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, work: float, wall_s: float,
     bound_s = float(bound) * res if math.isfinite(bound) else float("nan")
     dtime = float(solver.response_proto.deterministic_time)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return _Raw(False, False, float("nan"), bound_s, name=name, stop=_stop_reason(solver, st, work),
-                    dtime=dtime)
+        return _Raw(False, False, float("nan"), bound_s, name=name,
+                    stop=_stop_reason(solver, st, work, wall_s), dtime=dtime)
     sol = np.asarray(solver.response_proto.solution, dtype=np.int64)
 
     def val(a: np.ndarray) -> np.ndarray:
@@ -134,7 +134,7 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, work: float, wall_s: float,
     obj = float(solver.objective_value)
     optimal = st == cp_model.OPTIMAL and obj <= bound
     return _Raw(True, bool(optimal), obj * res, bound_s, ts * res, (ts + ps) * res, ys, xs, zt, zv,
-                name, "optimal" if optimal else _stop_reason(solver, st, work), dtime)
+                name, "optimal" if optimal else _stop_reason(solver, st, work, wall_s), dtime)
 
 
 def _solver(work: float, wall_s: float, num_workers: int) -> Any:
@@ -156,8 +156,11 @@ def _solver(work: float, wall_s: float, num_workers: int) -> Any:
     return solver
 
 
-def _stop_reason(solver: Any, status: int, work: float) -> str:
-    """Why a CP-SAT solve that did not prove optimality stopped (``budget.STOP_REASONS``)."""
+def _stop_reason(solver: Any, status: int, work: float, wall_s: float) -> str:
+    """Why a CP-SAT solve that did not prove optimality stopped (``budget.STOP_REASONS``). The wall
+    clock is checked first: where it ran out, it decided where the run ended (the interleaved search
+    checks the deterministic limit only between batches, so its dtime can be past the limit too).
+    A stop that neither limit explains is counted as the wall clock's (not reproducible)."""
     from ortools.sat.python import cp_model
 
     if status == cp_model.OPTIMAL:  # "optimal" within the relative gap limit
@@ -165,6 +168,8 @@ def _stop_reason(solver: Any, status: int, work: float) -> str:
     if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
         return "solver_failed"
     resp = solver.response_proto
+    if resp.wall_time >= max(float(wall_s), 1e-6) * 0.99:
+        return "wall_limit"
     if math.isfinite(work) and resp.deterministic_time >= max(float(work), 1e-6) * (1 - 1e-9):
         return "deterministic_limit"
     return "wall_limit"
