@@ -32,6 +32,7 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "stages_json": "", "expert_throughput": math.nan, "expert_pdt": "", "estimate_s": math.nan,
     "ilp_s": math.nan, "dp_s": math.nan, "total_s": math.nan, "ilp_solved": 0, "cache_hits": 0,
     "ilp_lookups": 0, "ilp_unique": 0, "ilp_status": "", "ilp_worst_gap": math.nan, "ilp_gap_unknown": 0,
+    "ilp_load_dependent": 0,
     "node_id": "", "hostname": "", "pid": None, "finished_at": math.nan,
 }
 _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb", "expert_throughput",
@@ -39,7 +40,8 @@ _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb
 _INT_FIELDS = ("p", "d", "t", "microbatch", "num_stages", "ilp_solved", "cache_hits", "ilp_lookups",
                "ilp_unique")
 _PLACEMENT_FIELDS = ("throughput", "p", "d", "t", "microbatch", "recompute", "hbm_gb", "num_stages",
-                     "time_per_batch_s", "ilp_status", "ilp_worst_gap", "ilp_gap_unknown")
+                     "time_per_batch_s", "ilp_status", "ilp_worst_gap", "ilp_gap_unknown",
+                     "ilp_load_dependent")
 DASH = "—"
 
 
@@ -128,13 +130,15 @@ def _ilp_cell(e: dict[str, Any]) -> str:
             st = {}
     if not isinstance(st, dict) or not st:
         return "sequential"
+    load = _int(e.get("ilp_load_dependent"))
+    tail = f", {load} slice{'s' if load != 1 else ''} stopped by the wall clock" if load else ""
     if set(st) <= {"optimal", "trivial"}:
-        return "optimal"
+        return "optimal" + tail
     gap, unknown = _num(e.get("ilp_worst_gap")), _int(e.get("ilp_gap_unknown"))
     parts = [f"worst gap {gap:.1%}"] if math.isfinite(gap) else []
     if unknown:
         parts.append(f"{unknown} slice{'s' if unknown != 1 else ''} without a bound")
-    return ", ".join(parts) or "not proven optimal"
+    return (", ".join(parts) or "not proven optimal") + tail
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> str:
