@@ -8,7 +8,10 @@ All three use the same per-op estimates (tpuv4, analytical backend) and the same
 microbatch, HBM (32/64/80 GB) and recomputation. Prints a table and writes JSON
 (default bench/results/phaze_tpuv4.json).
 
-    python bench/phaze_tpuv4.py [--workloads BertLarge Llama2-7B] [--ilp-time-limit 30]
+Each layer slice's ILP gets ``--ilp-budget`` deterministic seconds (the answer does not depend on the
+machine's load; ``layer_ilp/budget.py``) under the ``--ilp-time-limit`` wall-clock safety limit.
+
+    python bench/phaze_tpuv4.py [--workloads BertLarge Llama2-7B] [--ilp-budget 10] [--ilp-time-limit 300]
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def main() -> int:
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--devices", type=int, default=1024)
     ap.add_argument("--global-batch", type=int, default=4096)
-    ap.add_argument("--ilp-time-limit", type=float, default=30.0)
+    ap.add_argument("--ilp-budget", type=float, default=10.0, help="deterministic seconds per slice")
+    ap.add_argument("--ilp-time-limit", type=float, default=300.0, help="wall-clock safety limit per slice")
     ap.add_argument("--no-contention", action="store_true",
                     help="the paper's model: concurrently running ops each get the full HBM/GLB bandwidth")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_tpuv4.json"))
@@ -80,8 +84,8 @@ def main() -> int:
     print(f"{'workload':14s} {'expert {p,d,t}':>15s} {'expert/s':>10s} {'archplace/s':>11s} {'ratio':>6s} "
           f"{'placement':>22s} {'ILP gain':>8s} {'time s':>7s}")
     for name in args.workloads:
-        r = run(name, args.devices, args.global_batch, time_limit_s=args.ilp_time_limit,
-                contention=not args.no_contention)
+        r = run(name, args.devices, args.global_batch, budget=args.ilp_budget,
+                time_limit_s=args.ilp_time_limit, contention=not args.no_contention)
         rows.append(r)
         pl = r["archplace_placement"]
         where = (f"p{pl['p']} d{pl['d']} t{pl['t']} mb{pl['microbatch']}" if "p" in pl else "infeasible")

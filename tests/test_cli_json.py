@@ -30,6 +30,10 @@ SMALL = {
     "estimate": ["estimate", "bert-base", "--arch", "tpuv4", "--seq", "32"],
     "place-sequential": ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8",
                          "--global-batch", "64", "--seq", "64", "--sequential", "--hbm", "32"],
+    # the layer ILP stops on deterministic budgets (issue 28), so its answer can be stored too; a
+    # small budget keeps it quick (a few backward slices stop at it)
+    "place-ilp": ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8", "--global-batch", "64",
+                  "--seq", "64", "--hbm", "32", "--ilp-budget", "0.2"],
     "solve-dp": ["solve-dp", "{dnn}/" + LAYER_GRAPH],
     "pipeline": ["pipeline", "bert-48", "--cluster", "B"],
     "place-ops": ["place-ops", "txl-2", "--algo", "m-etf"],

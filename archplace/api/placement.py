@@ -29,6 +29,10 @@ from ._common import (
 from .graphs import load_accelerator
 
 MICROBATCHES = (1, 2, 4, 8)    # model_throughput's defaults: the microbatch sizes a placement tries
+# layer_ilp.DEFAULT_BUDGET and DEFAULT_TIME_LIMIT_S (a test keeps them equal; not imported here, so that
+# importing the API stays light)
+PLACE_ILP_BUDGET = 10.0
+PLACE_ILP_TIME_LIMIT_S = 300.0
 RECOMPUTE = (False, True)
 DP_METHODS = ("auto", "dp", "milp")
 
@@ -45,7 +49,11 @@ class PlaceRequest(Request):
     fixed: tuple[int, int, int] | None = None    # fixed (p, d, t); the DP still chooses the stage split
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
-    ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
+    # the layer ILP (unused when sequential): the work budget per layer slice in deterministic seconds,
+    # which decides the answer (the same on an idle and on a busy machine), and the wall-clock safety
+    # limit per slice, which only stops a runaway solve (such slices are counted in ilp.load_dependent)
+    ilp_budget: float = PLACE_ILP_BUDGET
+    ilp_time_limit_s: float = PLACE_ILP_TIME_LIMIT_S
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
     optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
@@ -79,6 +87,7 @@ class PlaceRequest(Request):
                                      name, "accelerators")
         check_int("seq", self.seq, optional=True)
         check_positive_number("ilp_time_limit_s", self.ilp_time_limit_s)
+        check_positive_number("ilp_budget", self.ilp_budget)
 
 
 @dataclass
@@ -91,8 +100,10 @@ class PlaceResult(Result):
     timing_s: dict[str, float]      # graph_s, estimate_s, ilp_s, dp_s
     ilp: dict[str, Any]             # unique_solved, cache_hits, status_counts, worst_gap, gap_unknown,
     #                                 worst_slice, slices (per distinct layer slice: pass, layers, status,
-    #                                 gap, solver, peak shares, microbatch, tmp), contention and the
-    #                                 peak HBM/GLB shares; empty counts for sequential schedules
+    #                                 gap, solver, stopped_by, dtime, peak shares, microbatch, tmp),
+    #                                 stopped_by (slices per stop reason), load_dependent (slices the
+    #                                 wall clock stopped), budget, contention and the peak HBM/GLB
+    #                                 shares; empty counts for sequential schedules
     configs: list[dict[str, Any]]   # the best placement per (microbatch, HBM, recomputation)
     area_mm2: float
     accelerators: int
@@ -134,7 +145,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     # model_throughput, one (microbatch, width) case at a time, so that progress and cancellation
     # reach between the layer-schedule solves
     kind = "sequential" if req.sequential else "ilp"
-    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
+    solve_kw = {} if req.sequential else {"budget": req.ilp_budget, "time_limit_s": req.ilp_time_limit_s,
+                                          "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
     common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,))
@@ -164,6 +176,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     stats.update(slice_summary(stats.get("slices", [])))
     if not req.sequential:
         stats["contention"] = req.contention
+        stats["budget"] = {"dtime_per_slice": req.ilp_budget, "wall_limit_s_per_slice": req.ilp_time_limit_s}
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"

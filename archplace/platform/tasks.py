@@ -77,7 +77,8 @@ def solve_task(items: list[tuple[str, Any]], settings: dict[str, Any]) -> list[d
         peaks = {f: None if getattr(s, f) != getattr(s, f) else float(getattr(s, f))
                  for f in ("peak_hbm_share", "peak_glb_share")}  # NaN: solved without shares
         out.append({"key": key, "makespan_s": float(s.makespan_s), "status": s.status, "gap": gap,
-                    "solved": not s.from_cache, "solve_time_s": float(s.solve_time_s), **peaks})
+                    "stopped_by": s.stopped_by, "dtime": float(s.dtime), "solved": not s.from_cache,
+                    "solve_time_s": float(s.solve_time_s), **peaks})
     return out
 
 

@@ -19,6 +19,7 @@ from ...simulators.estimate import estimate_graph
 from ...workloads.graph import OpGraph
 from ...workloads.layers import layer_graph
 from .expert import expert_placement
+from .layer_ilp.budget import LOAD_DEPENDENT
 from .placement import Placement, PlacementLayers, TrainingSetup, best_placement
 
 
@@ -54,10 +55,12 @@ def _gap(x: Any) -> float | None:
 def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()) -> list[dict[str, Any]]:
     """One entry per distinct layer slice (key) that the ILP answered: the pass, the layers that
     share it, the solver's status (optimal, feasible, fallback, trivial), its proven relative gap
-    (None when no bound is known), its solver, and the schedule's peak summed HBM and GLB shares
-    (``peak_hbm_share``/``peak_glb_share``: None when the slice was solved without shares).
-    ``schedules`` maps key to a ``LayerSchedule`` or to a dict with ``status`` and ``gap`` (and
-    optionally the peaks)."""
+    (None when no bound is known), its solver, which limit stopped it (``stopped_by``: optimal,
+    gap_target, deterministic_limit, wall_limit, ...; ``layer_ilp.STOP_REASONS``; None when not
+    known), the deterministic seconds of its budget it spent (``dtime``), and the schedule's peak
+    summed HBM and GLB shares (``peak_hbm_share``/``peak_glb_share``: None when the slice was solved
+    without shares). ``schedules`` maps key to a ``LayerSchedule`` or to a dict with ``status`` and
+    ``gap`` (and optionally ``stopped_by``, ``dtime`` and the peaks)."""
     out: dict[str, dict[str, Any]] = {}
     for pas in ("forward", "backward"):
         for li, key in enumerate(keys[pas]):
@@ -67,6 +70,7 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
             get = s.get if isinstance(s, dict) else (lambda k, _s=s: getattr(_s, k, None))
             e = out.setdefault(key, {"key": key[:16], "pass": pas, "layers": [], "status": get("status"),
                                      "gap": _gap(get("gap")), "solver": get("solver"),
+                                     "stopped_by": get("stopped_by") or None, "dtime": _gap(get("dtime")),
                                      "peak_hbm_share": _gap(get("peak_hbm_share")),
                                      "peak_glb_share": _gap(get("peak_glb_share"))})
             e["layers"].append(names[li] if li < len(names) else str(li))
@@ -74,15 +78,21 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
 
 
 def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    """``status_counts`` (slices per solver status), ``worst_gap`` (the largest proven relative gap,
-    0.0 when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not
-    proven optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
+    """``status_counts`` (slices per solver status), ``stopped_by`` (slices per stop reason: which
+    limit ended each solve; "unknown" for entries that do not say), ``load_dependent`` (slices that
+    the wall-clock safety limit or a solver failure stopped: their answers, and so this result, may
+    differ on a machine under another load), ``worst_gap`` (the largest proven relative gap, 0.0
+    when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not proven
+    optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
     ``peak_hbm_share``/``peak_glb_share`` (the largest peak summed bandwidth share over the slices
     that report one; None when none does, e.g. the paper's model without contention)."""
     counts: dict[str, int] = {}
+    stops: dict[str, int] = {}
     worst, worst_slice, unknown = None, None, 0
     for e in slices:
         counts[e["status"]] = counts.get(e["status"], 0) + 1
+        why = e.get("stopped_by") or "unknown"
+        stops[why] = stops.get(why, 0) + 1
         g = e["gap"]
         if g is None:
             if e["status"] not in ("optimal", "trivial"):
@@ -94,8 +104,9 @@ def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
         worst = 0.0
     peaks = {f: max((e[f] for e in slices if e.get(f) is not None), default=None)
              for f in ("peak_hbm_share", "peak_glb_share")}
-    return {"status_counts": counts, "worst_gap": worst, "gap_unknown": unknown,
-            "worst_slice": worst_slice, **peaks}
+    return {"status_counts": counts, "stopped_by": stops,
+            "load_dependent": sum(stops.get(k, 0) for k in LOAD_DEPENDENT), "worst_gap": worst,
+            "gap_unknown": unknown, "worst_slice": worst_slice, **peaks}
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
