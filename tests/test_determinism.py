@@ -108,7 +108,7 @@ def _same(a: L.LayerSchedule, b: L.LayerSchedule) -> None:
 def test_a_budget_stopped_solve_is_reproducible_under_load(backend):
     if backend == "cpsat":
         pb, kw = _bert_backward_slice(), {"budget": SMALL_BUDGET}
-        assert pb.num_ops == 27
+        assert pb.num_ops == 28  # with the op costs of issue 28 (a data-moving op is an op)
     else:  # a 12-op random DAG that HiGHS does not close in 10 nodes
         from test_layer_ilp import rand_problem
 
