@@ -68,10 +68,10 @@ def run(name: str, contention: bool, args) -> dict:
                 "large_time_limit_s": args.large_time_limit, "large_min_ops": args.large_min_ops,
                 "contention": contention}
     layers, timing, stats = prepare_layers(model, PHAZE_COMMON, mbs, widths, args.devices, args.global_batch,
-                                           schedules=("ilp", "sequential"), **solve_kw)
+                                           args.optimizer, schedules=("ilp", "sequential"), **solve_kw)
     hbm = (PHAZE_COMMON.hbm_gb,)
-    ours, _ = sweep(layers["ilp"], args.devices, args.global_batch, hbm_gb=hbm)
-    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm)
+    ours, _ = sweep(layers["ilp"], args.devices, args.global_batch, hbm_gb=hbm, sync_model=args.sync_model)
+    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm, sync_model=args.sync_model)
     slices = stats["slices"]
     gaps = [s["gap"] for s in slices if s.get("gap") is not None]
     status: dict[str, int] = {}
@@ -109,6 +109,10 @@ def main() -> int:
                     help="wall-clock safety limit per slice of at least --large-min-ops ops")
     ap.add_argument("--large-min-ops", type=int, default=40)
     ap.add_argument("--rel-gap", type=float, default=0.01, help="relative gap at which a slice's solve stops")
+    ap.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam",
+                    help="optimizer state in the HBM fit (sgd: the paper's setting)")
+    ap.add_argument("--sync-model", choices=("exposed", "paper"), default="exposed",
+                    help="gradient sync: every stage's exposed sync, or the paper's eq. 18")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_ablation.json"))
     args = ap.parse_args()
     load = os.getloadavg()

@@ -49,7 +49,7 @@ def in_process(settings, budget: int) -> dict:
                                           settings.link_bw_bytes_per_s, settings.seq,
                                           num_workers=1, **settings.ilp_settings())
             best, _ = sweep(layers["ilp"], settings.num_devices, settings.global_batch, settings.hbm_gb,
-                            settings.recompute, settings.link_bw_bytes_per_s)
+                            settings.recompute, settings.link_bw_bytes_per_s, sync_model=settings.sync_model)
             vals.append(best.throughput if best.feasible else 0.0)
         tps[i] = sum(vals) / len(vals)
     return {"wall_s": time.perf_counter() - t0, "throughput_avg": tps}
