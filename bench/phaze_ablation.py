@@ -71,7 +71,8 @@ def run(name: str, contention: bool, args) -> dict:
                                            args.optimizer, schedules=("ilp", "sequential"), **solve_kw)
     hbm = (PHAZE_COMMON.hbm_gb,)
     ours, _ = sweep(layers["ilp"], args.devices, args.global_batch, hbm_gb=hbm, sync_model=args.sync_model)
-    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm, sync_model=args.sync_model)
+    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm,
+                   sync_model=args.sync_model)
     slices = stats["slices"]
     gaps = [s["gap"] for s in slices if s.get("gap") is not None]
     status: dict[str, int] = {}
