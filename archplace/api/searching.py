@@ -53,7 +53,7 @@ class SearchRequest(Request):
     # per layer slice: the work budget in deterministic seconds (decides the answer) and the wall-clock
     # safety limit (platform.settings.SEARCH_ILP_BUDGET / SEARCH_ILP_TIME_LIMIT_S; a test keeps them equal)
     ilp_budget: float = 1.0
-    ilp_time_limit_s: float = 60.0
+    ilp_time_limit_s: float = 300.0
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
     optimizer: str = "adam"                 # sgd, adam, adafactor: optimizer state in the HBM fit

@@ -12,7 +12,7 @@ from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 # a search's layer-slice ILP: the work budget in deterministic seconds (``layer_ilp/budget.py``), which
 # decides the answer, and the wall-clock safety limit, which only stops a runaway solve
 SEARCH_ILP_BUDGET = 1.0
-SEARCH_ILP_TIME_LIMIT_S = 60.0
+SEARCH_ILP_TIME_LIMIT_S = 300.0
 
 
 @dataclass(frozen=True)
