@@ -129,6 +129,7 @@ def test_defaults_are_the_cli_defaults():
     s = api.SearchRequest(("m",))
     assert (s.budget, s.ilp_budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 1.0, 60.0, (32.0, 64.0, 80.0))
     assert api.SolveDpRequest("f").time_limit_s == 600.0
+    assert {r.capture_blocks for r in (p, s, api.GraphRequest("m"), api.EstimateRequest("m", "a"))} == {3}
 
 
 P = api.PlaceRequest
@@ -162,6 +163,9 @@ P = api.PlaceRequest
     (api.SolveDpRequest("missing.json"), "input file 'missing.json' does not exist"),
     (api.SearchRequest(("bert-base",), recompute="never"), "recompute must be one of"),
     (api.SearchRequest(("bert-base",), microbatches=(0,)), "microbatches must be one or more positive"),
+    (api.GraphRequest("bert-base", capture_blocks=2), "capture_blocks must be an integer >= 3, got 2"),
+    (P("bert-base", "tpuv4", capture_blocks=True), "capture_blocks must be an integer >= 3, got True"),
+    (api.SearchRequest(("bert-base",), capture_blocks=1), "capture_blocks must be an integer >= 3, got 1"),
 ])
 def test_validate_gives_one_line_naming_the_field(req, message):
     with pytest.raises(ValueError) as e:

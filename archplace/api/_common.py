@@ -96,6 +96,18 @@ def check_model(model: Any, files: bool) -> None:
 
 
 # ---------------------------------------------------------------------- requests and results
+def check_capture_blocks(model: Any, capture_blocks: Any) -> None:
+    """``capture_blocks``: an integer >= 3 (leading blocks of each stack captured, more where a stack's
+    block kinds need them); it applies to captured models (presets, ``hf:`` configs), not graph files."""
+    from ..workloads.models import CAPTURE_BLOCKS
+
+    check_int("capture_blocks", capture_blocks, low=3)
+    if (capture_blocks != CAPTURE_BLOCKS and isinstance(model, str) and not model.startswith("hf:")
+            and model.endswith((".json", ".parquet"))):
+        raise invalid("capture_blocks", f"applies to captured models (a preset or a transformers config), "
+                                        f"not to the graph file {model!r}")
+
+
 def plain(x: Any) -> Any:
     """``x`` with tuples as lists and numpy scalars and arrays as Python numbers and lists."""
     if isinstance(x, Mapping):

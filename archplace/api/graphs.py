@@ -12,6 +12,7 @@ from ._common import (
     Request,
     Result,
     Steps,
+    check_capture_blocks,
     check_choice,
     check_int,
     check_model,
@@ -23,15 +24,17 @@ BACKENDS = ("analytical", "zigzag")
 
 
 # ---------------------------------------------------------------------- loaders
-def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool = True):
-    """A preset name, a dnn-partitioning ``.json`` or an archplace ``.parquet`` graph."""
+def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool = True,
+               capture_blocks: int = 3):
+    """A preset name, a dnn-partitioning ``.json`` or an archplace ``.parquet`` graph; ``capture_blocks``
+    as ``build_graph`` takes it (for presets and ``hf:`` configs)."""
     from ..workloads import OpGraph
 
     path = Path(model)
     if model.startswith("hf:"):  # a transformers config (--hf-config): captured like a preset
         from ..workloads.models import build_graph
 
-        return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
+        return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training, capture_blocks=capture_blocks)
     if model.endswith(".parquet"):
         if not path.exists():
             raise ValueError(f"graph file {model!r} does not exist")
@@ -44,7 +47,7 @@ def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool =
         return load_dnn_partitioning(path)
     from ..workloads.models import build_graph
 
-    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training)
+    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training, capture_blocks=capture_blocks)
 
 
 def load_accelerator(arch: str | dict):
@@ -90,6 +93,11 @@ def graph_summary(g) -> dict[str, Any]:
         out["unique_layers"] = len(out["repeated_layer_groups"])
     else:
         out["repeated_layer_groups"] = []
+    kinds = g.meta.get("block_kinds")
+    if kinds:  # a captured model: each block stack's depth, its kinds of block, the blocks captured
+        out["stacks"] = {st: {"blocks": len(k), "kinds": len(set(k)),
+                              "captured": int(g.meta.get("captured_blocks", {}).get(st, len(k)))}
+                         for st, k in kinds.items()}
     if g.meta.get("unmapped_ops"):  # allowed with allow_unmapped_ops: counted as element-wise ops
         out["unmapped_ops"] = list(g.meta["unmapped_ops"])
     return out
@@ -131,6 +139,7 @@ class GraphRequest(Request):
     mbs: int = 1               # microbatch size
     tmp: int = 1               # tensor-model-parallel width (one slice)
     out: str | None = None     # write the graph to this Parquet file
+    capture_blocks: int = 3    # leading blocks captured per stack (more where its block kinds need them)
 
     def validate(self) -> None:
         check_model(self.model, files=True)
@@ -138,6 +147,7 @@ class GraphRequest(Request):
         check_int("mbs", self.mbs)
         check_int("tmp", self.tmp)
         check_optional_str("out", self.out)
+        check_capture_blocks(self.model, self.capture_blocks)
 
 
 @dataclass
@@ -162,10 +172,12 @@ class GraphResult(Result):
     unique_layers: int | None = None   # None (left out of to_dict) when ops lack layer ids
     out: str | None = None             # the Parquet file written, if any
     unmapped_ops: list[str] | None = None  # aten ops counted as element-wise (allow_unmapped_ops)
+    # a captured model's block stacks: {stack: {blocks, kinds, captured}} (None for graph files)
+    stacks: dict[str, dict[str, int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        for k in ("unique_layers", "out", "unmapped_ops"):
+        for k in ("unique_layers", "out", "unmapped_ops", "stacks"):
             if d[k] is None:
                 del d[k]
         return d
@@ -176,7 +188,7 @@ def graph(req: GraphRequest, *, progress: ProgressFn | None = None,
     """The training operator graph of a model: stages ``graph``, (``write``,) ``done``."""
     req.validate()
     steps = Steps("graph", progress, cancel)
-    g = load_graph(req.model, req.seq, req.mbs, req.tmp)
+    g = load_graph(req.model, req.seq, req.mbs, req.tmp, capture_blocks=req.capture_blocks)
     res = GraphResult(**graph_summary(g))
     steps.stage("graph", ops=res.ops, edges=res.edges)
     if req.out:
@@ -196,6 +208,7 @@ class EstimateRequest(Request):
     seq: int | None = None
     backend: str = "analytical"
     optimizer: str = "adam"    # sgd, adam, adafactor: the optimizer state in ``memory``
+    capture_blocks: int = 3    # leading blocks captured per stack (more where its block kinds need them)
 
     def validate(self) -> None:
         from ..workloads.layers import OPTIMIZERS
@@ -207,6 +220,7 @@ class EstimateRequest(Request):
         check_int("tmp", self.tmp)
         check_int("seq", self.seq, optional=True)
         check_choice("backend", self.backend, BACKENDS)
+        check_capture_blocks(self.model, self.capture_blocks)
 
 
 @dataclass
@@ -253,7 +267,7 @@ def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
     req.validate()
     steps = Steps("estimate", progress, cancel)
     acc = load_accelerator(req.arch)
-    g = load_graph(req.model, req.seq, req.mbs, req.tmp)
+    g = load_graph(req.model, req.seq, req.mbs, req.tmp, capture_blocks=req.capture_blocks)
     steps.stage("graph", ops=g.num_nodes)
     extra = g.extra_nodes or {}
     note = None

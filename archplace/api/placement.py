@@ -18,6 +18,7 @@ from ._common import (
     Result,
     Steps,
     check_bool,
+    check_capture_blocks,
     check_choice,
     check_int,
     check_model,
@@ -58,11 +59,13 @@ class PlaceRequest(Request):
     contention: bool = True
     optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
     sync_model: str = "exposed"                  # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
+    capture_blocks: int = 3                      # leading blocks captured per stack (more where kinds need)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("sync_model", self.sync_model, SYNC_MODELS)
+        check_capture_blocks(self.model, self.capture_blocks)
         load_accelerator(self.arch)
         check_int("accelerators", self.accelerators)
         check_int("global_batch", self.global_batch)
@@ -149,7 +152,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
                                           "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
-    common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,))
+    common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,),
+              req.capture_blocks)
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
              for t in widths if t <= req.accelerators]

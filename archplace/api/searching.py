@@ -16,6 +16,7 @@ from ._common import (
     Result,
     Steps,
     check_bool,
+    check_capture_blocks,
     check_choice,
     check_int,
     check_optional_str,
@@ -63,6 +64,7 @@ class SearchRequest(Request):
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
     seed: int = 0
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
+    capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
 
     def settings(self):
         """The ``SearchSettings`` that define the search's results."""
@@ -75,7 +77,8 @@ class SearchRequest(Request):
             seq=self.seq, ilp_budget=self.ilp_budget, ilp_time_limit_s=self.ilp_time_limit_s,
             contention=self.contention, optimizer=self.optimizer, sync_model=self.sync_model,
             space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
-            tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {})
+            tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {},
+            capture_blocks=self.capture_blocks)
 
     def validate(self) -> None:
         """The shapes checked here, the rest by ``archplace.platform.search.validate`` (its messages
@@ -91,6 +94,9 @@ class SearchRequest(Request):
         check_int("seq", self.seq, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("max_failures", self.max_failures, low=0)
+        check_int("capture_blocks", self.capture_blocks, low=3)
+        for m in self.models:
+            check_capture_blocks(m, self.capture_blocks)
         for name in ("resume", "retry_failed", "contention"):
             check_bool(name, getattr(self, name))
         check_optional_str("address", self.address)

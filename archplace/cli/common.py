@@ -48,6 +48,10 @@ def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--allow-unmapped-ops", action="store_true",
                    help="--hf-config: count aten ops archplace has no cost model for as element-wise ops, "
                         "with a warning listing them (default: an error naming them)")
+    p.add_argument("--capture-blocks", type=int, default=3, metavar="N",
+                   help="leading blocks of each layer stack to capture before the rest are copied "
+                        "(default 3; more where a stack's block kinds need them: dense then MoE layers, "
+                        "sliding and global attention); at least 3; a stack's depth captures all")
 
 
 def parse_fixed(text: str | None, flag: str = "--fixed") -> tuple[int, int, int] | None:

@@ -31,7 +31,8 @@ def print_models(res: dict[str, Any]) -> None:
 
 
 def cmd_graph(args) -> dict[str, Any]:
-    req = api.GraphRequest(model_ref(args), seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out)
+    req = api.GraphRequest(model_ref(args), seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out,
+                           capture_blocks=args.capture_blocks)
     return api.graph(req).to_dict()
 
 
@@ -41,6 +42,8 @@ def print_graph(res: dict[str, Any]) -> None:
           f"{res['backward_ops']:,} backward), {res['edges']:,} edges")
     print("  ops by core  " + ", ".join(f"{k} {v}" for k, v in res["ops_by_core"].items()))
     print(f"  layers       {res['layers']} ({res.get('unique_layers', '-')} unique)")
+    for st, s in (res.get("stacks") or {}).items():
+        print(f"  stack        {st}: {s['blocks']} blocks of {s['kinds']} kind(s), {s['captured']} captured")
     print(f"  parameters   {res['parameters']:,} ({fmt_bytes(res['weight_bytes'])})")
     print(f"  flops        forward {fmt_flops(res['forward_flops'])}, "
           f"backward {fmt_flops(res['backward_flops'])}")
@@ -56,7 +59,8 @@ def print_graph(res: dict[str, Any]) -> None:
 
 def cmd_estimate(args) -> dict[str, Any]:
     req = api.EstimateRequest(model_ref(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
-                              backend=args.backend, optimizer=args.optimizer)
+                              backend=args.backend, optimizer=args.optimizer,
+                              capture_blocks=args.capture_blocks)
     return api.estimate(req).to_dict()
 
 

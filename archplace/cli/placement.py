@@ -40,7 +40,7 @@ def cmd_place(args) -> dict[str, Any]:
                            expert=_parse_expert(args.expert, args.model),
                            ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit,
                            contention=not args.no_contention, optimizer=args.optimizer,
-                           sync_model=args.sync_model)
+                           sync_model=args.sync_model, capture_blocks=args.capture_blocks)
     return api.place(req).to_dict()
 
 

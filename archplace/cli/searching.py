@@ -37,7 +37,8 @@ def cmd_search(args) -> dict[str, Any]:
         ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit, space=args.space,
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
-        contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model)
+        contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
+        capture_blocks=args.capture_blocks)
     return api.search(req, terminal_progress=not args.json).to_dict()
 
 

@@ -340,6 +340,9 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
             raise ValueError(f"--out {out} already holds a search; pass --resume to continue it or choose "
                              "another directory")
         old = store.read_meta() if store.settings_path.exists() else meta_new
+        if isinstance(old.get("settings"), dict):  # fields added since (at their defaults) match
+            normal = SearchSettings.from_dict(old["settings"]).to_dict()
+            old = dict(old, settings=json.loads(json.dumps(normal)))
         for k in ("settings", "searcher", "seed", "hysteresis", "area_bucket_mm2"):
             if old.get(k) != meta_new[k]:
                 raise ValueError(f"--resume: the search in {out} was run with a different {k} "
@@ -378,7 +381,8 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
         if cache_file.note:
             stats["cache_note"] = cache_file.note
         # every graph traced once per search, shared by all trials through the object store
-        graphs = {k: build_graph_task.remote(k[0], settings.seq, k[1], k[2]) for k in settings.graph_keys()}
+        graphs = {k: build_graph_task.remote(k[0], settings.seq, k[1], k[2], settings.capture_blocks)
+                  for k in settings.graph_keys()}
         get(list(graphs.values()), f"building {len(graphs)} model graph(s)", wait_timeout_s)
         alg = make_searcher(searcher, settings.space, seed=seed, hysteresis=hysteresis,
                             area_bucket_mm2=area_bucket_mm2, archs_per_trial=archs_per_trial,

@@ -37,6 +37,7 @@ class SearchSettings:
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
     schedule: str = "ilp"
     contention: bool = True  # layer ILP: concurrently running ops share the HBM/GLB bandwidth
+    capture_blocks: int = 3  # leading blocks captured per stack (more where its block kinds need them)
 
     def ilp_settings(self) -> dict[str, Any]:
         """The ``solve_layer`` options of this search's layer slices."""

@@ -35,10 +35,10 @@ SPREAD = "SPREAD"
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, scheduling_strategy=SPREAD)
-def build_graph_task(model: str, seq: int | None, mbs: int, tmp: int):
+def build_graph_task(model: str, seq: int | None, mbs: int, tmp: int, capture_blocks: int = 3):
     from ..workloads.models import build_graph
 
-    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp)
+    return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, capture_blocks=capture_blocks)
 
 
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, scheduling_strategy=SPREAD)

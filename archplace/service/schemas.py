@@ -290,6 +290,7 @@ class EvaluateRequest(Strict):
     contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
     optimizer: Literal["sgd", "adam", "adafactor"] = "adam"  # optimizer state counted in the HBM fit
     sync_model: Literal["exposed", "paper"] = "exposed"  # gradient sync: 1F1B-exposed or eq. 18
+    capture_blocks: int = Field(default=3, ge=3, le=1024)  # leading blocks captured per stack
 
     @field_validator("model")
     @classmethod

@@ -83,10 +83,12 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
     ``tp_roles.TP_ROLES`` or your own table (weight-path suffix -> ``col``/``row``/``replicate``);
     None takes a transformers model's ``model_type``. ``loss`` appends a cross-entropy over the
     largest output (default: for a transformers model with a head, ``...For...``). Every block is
-    captured (no replication)."""
+    captured (no replication); the graph's parameters must equal the module's (each parameter once),
+    else an error names the layers that differ and the parameters no op reads."""
     import torch.nn as nn
 
     from .backward import derive_backward
+    from .block_kinds import check_parameters, model_census, unread_parameters
     from .extract import capture_ops, ops_to_graph
     from .tp_roles import role_table
     from .transforms import slice_tensor_parallel
@@ -135,6 +137,8 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
     g = ops_to_graph(ops, meta, fuse=fuse, roles=table)
     if loss if loss is not None else "For" in type(module).__name__:
         g = append_loss(g)
+    check_parameters(g, model_census(module, stacks), meta["model"],
+                     unread_parameters(module, (p for op in ops for p in op.param_paths)))
     g = slice_tensor_parallel(g, tmp)
     return derive_backward(g) if training else g
 

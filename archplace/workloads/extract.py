@@ -50,21 +50,37 @@ _ATEN_KIND = {
     "index_put_": "elementwise", "index_add": "add", "index_add_": "add", "scatter_add": "add",
     "scatter_add_": "add", "empty_like": "elementwise", "grouped_mm_fallback": "linear",
     "_grouped_mm": "linear", "grouped_mm": "linear",
+    # found by the op-coverage sweep (bench/hf_coverage.py): plain arithmetic and data movement.
+    # Masks and routing bookkeeping are element-wise; copies into a new layout (stack, pad, flip)
+    # move bytes like cat; reductions count their inputs like sum; transcendentals like exp
+    "bitwise_not": "elementwise", "bitwise_and": "elementwise", "bitwise_or": "elementwise",
+    "bitwise_xor": "elementwise", "__and__": "elementwise", "__or__": "elementwise",
+    "__xor__": "elementwise", "__invert__": "elementwise", "logical_not": "elementwise",
+    "logical_and": "elementwise", "logical_or": "elementwise", "scatter": "elementwise",
+    "scatter_": "elementwise", "clamp_min": "elementwise", "clamp_max": "elementwise",
+    "clamp_": "elementwise", "acos": "elementwise", "sign": "elementwise", "multiply": "mul",
+    "stack": "cat", "concat": "cat", "concatenate": "cat", "pad": "cat", "constant_pad_nd": "cat",
+    "flip": "cat", "roll": "cat", "im2col": "cat",
+    "max": "sum", "min": "sum", "amax": "sum", "amin": "sum", "linalg_vector_norm": "sum",
+    "var": "mean", "std": "mean", "logsumexp": "softmax",
+    "expm1": "exp", "softplus": "exp", "log_sigmoid": "sigmoid",
 }
 _GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 _VIEW_OPS = {
     "view", "_unsafe_view", "transpose", "permute", "expand", "unsqueeze", "squeeze", "alias",
     "select", "slice", "getitem", "split", "split_with_sizes", "chunk", "t", "detach", "unbind",
     "lift_fresh_copy", "expand_as", "view_as", "narrow", "_assert_tensor_metadata", "dim", "size",
+    "numpy_T", "unfold", "view_as_complex", "view_as_real", "real",
 }
 # ops that move data: each reads and writes its bytes (op kind "copy"); the conditional ones only
 # when they cannot return a view (a reshape of a transposed tensor, a cast that changes the dtype)
-_COPY_OPS = {"clone", "_to_copy", "copy", "repeat", "repeat_interleave"}
+_COPY_OPS = {"clone", "_to_copy", "copy", "copy_", "repeat", "repeat_interleave"}
 _GATHER_OPS = {"gather", "index", "index_select"}  # (data, indices...): read the elements they gather
-_COPY_UNLESS_VIEW = {"reshape", "flatten", "contiguous"}
+_COPY_UNLESS_VIEW = {"reshape", "reshape_as", "flatten", "contiguous"}
 _COPY_IF_CAST = {"to", "type_as"}
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
-                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros"}
+                 "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "new_empty",
+                 "new_full"}
 
 _BLOCK_RE = re.compile(r"^(.*?\b(?:layer|layers|h|block))\.(\d+)(?:\.|$)")
 
@@ -204,6 +220,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
     import torch
 
     ep = torch.export.export(model, example_args, kwargs=example_kwargs, strict=False)
+    _inline_wrapped_regions(ep)
     params: dict[str, int] = {}  # placeholder name -> numel
     shape_of: dict[str, tuple[int, ...]] = {}  # placeholder name -> shape
     fqn: dict[str, str] = {}  # placeholder name -> parameter path (model.layers.0.mlp.up_proj.weight)
@@ -256,9 +273,12 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             raise ValueError("scaled_dot_product_attention found: build the model with "
                              "attn_implementation='eager' so attention splits into GEMMs and softmax")
         live_args = [a for a in fx_args if a.name in live]
-        if kind in ("view", "copy") and all(a.name in root for a in live_args):
+        if (kind in ("view", "copy") or target.endswith("_")) and live_args and \
+                all(a.name in root for a in live_args):
             # a view, cast or copy of a parameter (a transposed expert weight) is the parameter
-            # itself: its bytes go to the op that computes with it
+            # itself: its bytes go to the op that computes with it; so is a parameter updated in place
+            # from parameters and constants only (RWKV rescales its weights so in inference, not in a
+            # training step)
             root[node.name] = root[live_args[0].name]
             continue
         if target in _GATHER_OPS and fx_args and fx_args[0].name in root:
@@ -327,6 +347,51 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
                       stacklevel=2)
     num_params = sum(params.values())
     return ops, num_params, sorted(unmapped)
+
+
+_REGION_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
+
+
+def _inline_wrapped_regions(ep) -> None:
+    """Inline the subgraphs that torch.export wraps ``torch.no_grad()`` and autocast regions in
+    (higher-order ops holding a submodule), so that their ops are captured like any other: a forward
+    run under ``no_grad`` (HRM's reasoning cycles, CPM-Ant's position buckets) still computes."""
+    import operator
+
+    gm, graph = ep.graph_module, ep.graph
+    todo = True
+    while todo:
+        todo = False
+        for node in list(graph.nodes):
+            if node.op != "call_function" or getattr(node.target, "__name__", "") not in _REGION_WRAPPERS:
+                continue
+            pos = next(i for i, a in enumerate(node.args) if getattr(a, "op", None) == "get_attr")
+            sub = getattr(gm, node.args[pos].target)
+            env = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], node.args[pos + 1:]))
+            outs: Any = ()
+            with graph.inserting_before(node):
+                for n in sub.graph.nodes:
+                    if n.op == "placeholder":
+                        continue
+                    if n.op == "output":
+                        outs = n.args[0]
+                        break
+                    if n.op == "get_attr":  # a region nested in this one: its submodule moves up
+                        name = f"_inlined_{len(list(gm.children()))}_{n.target}"
+                        gm.add_submodule(name, getattr(sub, n.target))
+                        env[n] = graph.get_attr(name)
+                        continue
+                    env[n] = graph.node_copy(n, env.__getitem__)
+            outs = outs if isinstance(outs, (list, tuple)) else (outs,)
+            for user in list(node.users):
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.replace_all_uses_with(env[outs[user.args[1]]])
+                    graph.erase_node(user)
+            if node.users:
+                raise ValueError(f"cannot inline the {node.target.__name__} region {node.name}: it has "
+                                 f"users other than getitem ({list(node.users)})")
+            graph.erase_node(node)
+            todo = True
 
 
 def _block_of(module: str, stacks: list[str]) -> tuple[str, int] | None:
@@ -426,25 +491,28 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
     table_role = [weight_role(o.param_paths[0], roles) if o.block is not None and o.param_paths
                   and o.kind in TENSOR_KINDS else None for o in ops]
     # ---- layers
+    blocks = _with_loop_glue(ops)
     layer_names: list[str] = []
     layer_of = np.empty(len(ops), dtype=np.int32)
     block_layer: dict[tuple[str, int], int] = {}
     current = -1
     seen_block = False
-    last_block_pos = max((i for i, op in enumerate(ops) if op.block), default=-1)
+    last_block_pos = max((i for i, b in enumerate(blocks) if b), default=-1)
     for i, op in enumerate(ops):
-        if op.block is not None:
-            if op.block not in block_layer:
-                block_layer[op.block] = len(layer_names)
-                layer_names.append(f"{op.block[0]}.{op.block[1]}")
-            current = block_layer[op.block]
+        if blocks[i] is not None:
+            if blocks[i] not in block_layer:
+                block_layer[blocks[i]] = len(layer_names)
+                layer_names.append(f"{blocks[i][0]}.{blocks[i][1]}")
+            current = block_layer[blocks[i]]
             seen_block = True
-        elif current < 0 or (op.module and _is_block_name(layer_names[current])):
+        elif current < 0 or ((op.module or i > last_block_pos) and _is_block_name(layer_names[current])):
             # a run of non-block ops starts: before all blocks, after them, or in between
             name = "embed" if not seen_block else "head" if i > last_block_pos else op.module
             layer_names.append(name)
             current = len(layer_names) - 1
-        layer_of[i] = current  # ops of the root module join the run they execute in
+        # ops of the root module join the run they execute in; after the last block, the head (so the
+        # last block holds the ops every block holds, and copies of it stay exact)
+        layer_of[i] = current
     vocab, vocab_size, table = _vocab_ops(ops, layer_of, layer_names)
     wbytes, shared = _shared_weights(ops, layer_of, layer_names, shared_weights, table)
     # ---- edges
@@ -489,6 +557,29 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
             unknown.append(op.module)
     g.meta["tp_unknown"] = unknown
     return g
+
+
+def _with_loop_glue(ops: list[_Op]) -> list[tuple[str, int] | None]:
+    """Each op's block, where the ops of the layer loop itself (ops of a module that holds the stack,
+    or of the root, run between two blocks of the stack: XLNet's per-layer memory, Gemma-3n's
+    per-layer input slices) belong to the block they run before, so that every block holds its own."""
+    out = [op.block for op in ops]
+    nxt: list[tuple[str, int] | None] = [None] * len(ops)
+    after = None
+    for i in range(len(ops) - 1, -1, -1):
+        nxt[i] = after
+        if ops[i].block is not None:
+            after = ops[i].block
+    prev: tuple[str, int] | None = None
+    for i, op in enumerate(ops):
+        if op.block is not None:
+            prev = op.block
+            continue
+        b = nxt[i]
+        if prev is not None and b is not None and prev[0] == b[0] and (
+                op.module == "" or b[0].startswith(op.module + ".")):
+            out[i] = b
+    return out
 
 
 def _is_block_name(name: str) -> bool:

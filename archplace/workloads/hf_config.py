@@ -12,7 +12,7 @@ import functools
 import hashlib
 import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,7 @@ def make_config(d: Mapping[str, Any], cls: type, **overrides: Any):
     head, never a fused SDPA op) and ``overrides`` (depths) applied; list fields with one entry per
     layer (``layer_types``) are cut to a reduced depth."""
     kw = {k: v for k, v in d.items() if k not in _DROP_KEYS}
+    kw["use_cache"] = False  # a capture is one training forward: no KV cache in the outputs
     for key, new in overrides.items():
         old = kw.get(key)
         for k, v in list(kw.items()):
@@ -112,8 +113,9 @@ def make_config(d: Mapping[str, Any], cls: type, **overrides: Any):
         kw[key] = new
     try:
         return cls.config_class(**kw, attn_implementation="eager")
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"hf-config does not make a {cls.config_class.__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - TypeError, ValueError, a strict dataclass's validation error
+        raise ValueError(f"hf-config does not make a {cls.config_class.__name__}: "
+                         f"{' '.join(str(e).split())[:300]}") from None
 
 
 def build_meta_model(cls: type, config):
@@ -125,26 +127,45 @@ def build_meta_model(cls: type, config):
     except Exception as e:  # noqa: BLE001 - any failure of a user's config is one line, not a traceback
         raise ValueError(f"hf-config: building {cls.__name__} on the meta device failed: "
                          f"{type(e).__name__}: {_first_line(e)}") from e
+    _params_to_meta(model)
     model.eval()  # dropout stays in the graph (aten.dropout with train=False is still captured)
     return model
+
+
+def _params_to_meta(model) -> None:
+    """Parameters a legacy constructor made on the CPU despite the meta device (XLNet's
+    ``torch.FloatTensor(...)`` attention weights) move to the meta device, tied ones together."""
+    import torch.nn as nn
+
+    moved: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and not p.is_meta:
+                if id(p) not in moved:
+                    moved[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+                mod._parameters[name] = moved[id(p)]
 
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def find_layer_stacks(module) -> list[tuple[str, int]]:
-    """The block stacks of a module tree: each outermost ``nn.ModuleList`` whose children are all of
-    one class and hold parameters, as (path, length), in module order."""
+def find_layer_stacks(module, depths: Iterable[int] = ()) -> list[tuple[str, int]]:
+    """The block stacks of a module tree: each outermost ``nn.ModuleList`` whose children hold
+    parameters and are all of one class, or, when its length is one of the config's ``depths``, of
+    several classes (a hybrid stack: Jamba's and Zamba's Mamba and attention layers), as (path,
+    length), in module order."""
     import torch.nn as nn
 
+    depths = set(depths)
     found: list[tuple[str, int]] = []
     for name, mod in module.named_modules():
         if not name or not isinstance(mod, nn.ModuleList) or len(mod) == 0:
             continue
         if any(name.startswith(f + ".") for f, _ in found):
             continue  # inside a block of an outer stack (experts of an MoE layer)
-        if len({type(c) for c in mod}) == 1 and next(mod.parameters(), None) is not None:
+        one_class = len({type(c) for c in mod}) == 1
+        if (one_class or len(mod) in depths) and next(mod.parameters(), None) is not None:
             found.append((name, len(mod)))
     return found
 
@@ -181,6 +202,11 @@ class HfModel:
     allow_unmapped_ops: bool
     fingerprint: str                  # hash of the config file's content (graph caches key on it)
     config_dict: dict[str, Any]
+
+    @property
+    def depths(self) -> dict[str, int]:
+        """Config depth fields -> full depth (``ModelPreset.depths``)."""
+        return dict(self.depth_keys)
 
     @property
     def has_loss(self) -> bool:
@@ -254,8 +280,8 @@ def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
     if main_input not in ("input_ids", "pixel_values"):
         raise ValueError(f"hf-config: {cls.__name__} takes {main_input!r}; --hf-config models take "
                          "input_ids or pixel_values (use archplace.api.from_module with your own inputs)")
-    stacks = dict(find_layer_stacks(model))
     cfg_dict = cfg.to_dict()
+    stacks = dict(find_layer_stacks(model, [v for k in _DEPTH_KEYS if isinstance(v := cfg_dict.get(k), int)]))
     depths = {k: cfg_dict[k] for k in _DEPTH_KEYS
               if isinstance(cfg_dict.get(k), int) and cfg_dict[k] in stacks.values()}
     if main_input == "pixel_values":
@@ -265,7 +291,8 @@ def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
                              "image_size / patch_size")
     else:
         max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-        seq = min(int(max_pos), _DEFAULT_MAX_SEQ) if max_pos else 512
+        # a config without a positive maximum (XLNet's -1: relative positions only) gets 512
+        seq = min(int(max_pos), _DEFAULT_MAX_SEQ) if isinstance(max_pos, int) and max_pos > 0 else 512
     widths: tuple[int, ...] = (1,)
     if cfg.model_type in TP_ROLES:
         heads = attention_heads(cfg)

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backward import derive_backward
-from .extract import capture_ops, ops_to_graph
+from .extract import UnmappedOpsError, capture_ops, ops_to_graph
 from .graph import OpGraph
 from .hf_config import attention_heads, hf_model, is_hf_ref
-from .transforms import replicate_blocks, slice_tensor_parallel
+from .transforms import slice_tensor_parallel
+
+CAPTURE_BLOCKS = 3  # default leading blocks captured per stack (more where the block kinds need them)
 
 
 @dataclass(frozen=True)
@@ -176,31 +178,46 @@ def full_model_parameters(name: str) -> int:
 @functools.lru_cache(maxsize=32)
 def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
                    fuse: bool, fingerprint: str = "") -> OpGraph:
-    """``fingerprint``: the content hash of an ``hf:`` config file, so that an edited file is
-    captured again."""
+    """The full-depth forward graph: the full model is built on the meta device, each block stack cut
+    to the leading blocks that hold every kind of block it has (``block_kinds``), captured, grown back
+    block kind by block kind (``stack_expand``), and its parameters checked against the model's.
+    ``fingerprint``: the content hash of an ``hf:`` config file, so that an edited file is captured
+    again."""
     import torch.nn as nn
     import transformers
 
+    from .block_kinds import (
+        capture_depths,
+        check_parameters,
+        model_census,
+        truncate_stacks,
+        unread_parameters,
+    )
+    from .stack_expand import expand_stack
+
     p = preset(name)
     stacks = p.stacks
-    model = p.build_model(capture_blocks)
+    model = p.build_model()
     modules = dict(model.named_modules())
-    captured = {}
     for st, total in stacks.items():
         got = modules.get(st)
         if not isinstance(got, nn.ModuleList):
             raise ValueError(f"model {name!r}: block stack {st!r} not found in {p.model_class}")
-        captured[st] = len(got)
-        if captured[st] != min(total, capture_blocks) and captured[st] != total:
-            raise ValueError(f"model {name!r}: stack {st!r} has {captured[st]} blocks after reducing the "
-                             f"depth fields to {capture_blocks}, expected {min(total, capture_blocks)}")
+        if len(got) != total:
+            raise ValueError(f"model {name!r}: stack {st!r} has {len(got)} blocks, its config {total}")
+    census = model_census(model, stacks)
+    depth_values = set(p.depths.values())
+    captured = capture_depths(census, capture_blocks, [st for st, n in stacks.items() if n in depth_values])
+    truncate_stacks(model, captured)
     args, kwargs = p.example_inputs(seq, mbs)
     try:
         ops, _, unmapped = capture_ops(model, args, kwargs, bytes_per_element, stacks=tuple(stacks),
                                        allow_unmapped_ops=p.allow_unmapped_ops)
-    except ValueError:
+    except UnmappedOpsError:
         raise
     except Exception as e:  # noqa: BLE001 - torch.export of a user's config: one line, not a traceback
+        if isinstance(e, ValueError) and "attn_implementation='eager'" in str(e):
+            raise
         msg = (str(e).strip().splitlines() or [""])[0][:300]
         raise ValueError(f"model {name!r}: torch.export of {p.model_class} failed: "
                          f"{type(e).__name__}: {msg}") from e
@@ -208,12 +225,19 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
             f"{p.model_class}", "family": p.family, "seq": seq, "mbs": mbs, "tmp": 1,
             "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
             "captured_blocks": captured, "blocks": dict(stacks),
-            "heads": attention_heads(p.make_config())}
+            "heads": attention_heads(p.make_config()),
+            "block_kinds": {st: list(census.stacks[st].kinds) for st in stacks}}
     g = ops_to_graph(ops, meta, fuse=fuse, roles=p.roles)
+    missing = [f"{st}.{j}" for st, n in captured.items() for j in range(n)
+               if f"{st}.{j}" not in g.meta["layers"]]
+    if missing:
+        raise ValueError(f"model {name!r}: captured block(s) {missing[:3]} ran no op in the forward pass "
+                         f"of {p.model_class}")
     if p.has_loss:
         g = append_loss(g)
-    for st, total in stacks.items():
-        g = replicate_blocks(g, st, captured[st], total)
+    for st in stacks:
+        g = expand_stack(g, st, census.stacks[st].kinds)
+    check_parameters(g, census, name, unread_parameters(model, (p for op in ops for p in op.param_paths)))
     return g
 
 
@@ -244,7 +268,8 @@ _append_loss = append_loss  # the name corpus.py and gdp_models.py import
 
 
 def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, training: bool = True,
-                bytes_per_element: int = 2, capture_blocks: int = 3, fuse: bool = True) -> OpGraph:
+                bytes_per_element: int = 2, capture_blocks: int = CAPTURE_BLOCKS,
+                fuse: bool = True) -> OpGraph:
     """The operator graph of preset ``name`` (or of a config file's ``hf:PATH`` reference, see
     ``byom.from_hf_config``): one device's TMP slice of width ``tmp`` at microbatch
     ``mbs`` and sequence ``seq`` (the preset's by default), with the backward pass when
@@ -258,10 +283,11 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
                              f"{' in ' + str(allowed) if allowed else ''}, got {value!r}")
     cfg = p.make_config()
     max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-    if max_pos and seq > max_pos:
+    if isinstance(max_pos, int) and max_pos > 0 and seq > max_pos:
         raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
-    if capture_blocks < 3:
-        raise ValueError("capture_blocks must be >= 3 (block 0 can differ; two more give the pattern)")
+    if not isinstance(capture_blocks, int) or isinstance(capture_blocks, bool) or capture_blocks < 3:
+        raise ValueError(f"capture_blocks must be an integer >= 3 (block 0 can differ; two more give the "
+                         f"pattern), got {capture_blocks!r}")
     g = _forward_graph(name, seq, mbs, bytes_per_element, capture_blocks, fuse, p.fingerprint)
     g = slice_tensor_parallel(g, tmp)
     return derive_backward(g) if training else g
