@@ -6,8 +6,10 @@ Every workload of Table 2 on Phaze-Common ({2, 512, 256, 256, 256}, 32 MB GLB at
 device-placement DP:
 
 * ``sequential``: every operator intra-op parallel, one after another (makespan Σ ℓ̂);
-* ``ilp``: the layer-schedule ILP (CP-SAT), with a relative-gap target and a longer time limit for
-  large slices (``--large-min-ops``); each slice's status and proven gap are recorded.
+* ``ilp``: the layer-schedule ILP (CP-SAT), with a relative-gap target and a larger work budget for
+  large slices (``--large-min-ops``); each slice's status, proven gap and stop reason are recorded.
+  Budgets are deterministic seconds (``layer_ilp/budget.py``), so the table does not depend on the
+  machine's load; the time limits are wall-clock safety limits only.
 
 and the gain is ``throughput(ilp) / throughput(sequential) − 1`` (paper: Llama2-7B +50.6%, BERT-large
 +13.8%, OPT "a small improvement", the others none). Each is measured under two cost models:
@@ -19,8 +21,8 @@ layers of forward + backward makespans) is reported next to the whole-model one.
 Writes JSON (default bench/results/phaze_ablation.json) with the commit, command and machine load.
 
     python bench/phaze_ablation.py [--workloads BertLarge Llama2-7B] [--models paper contention]
-                                   [--ilp-time-limit 30] [--large-time-limit 120] [--large-min-ops 40]
-                                   [--rel-gap 0.01]
+                                   [--ilp-budget 10] [--large-budget 40] [--large-min-ops 40]
+                                   [--ilp-time-limit 300] [--large-time-limit 1200] [--rel-gap 0.01]
 """
 
 from __future__ import annotations
@@ -61,19 +63,23 @@ def run(name: str, contention: bool, args) -> dict:
 
     model, widths, _, mbs = WORKLOADS[name]
     t0 = time.perf_counter()
-    solve_kw = {"time_limit_s": args.ilp_time_limit, "rel_gap": args.rel_gap,
+    solve_kw = {"budget": args.ilp_budget, "large_budget": args.large_budget,
+                "time_limit_s": args.ilp_time_limit, "rel_gap": args.rel_gap,
                 "large_time_limit_s": args.large_time_limit, "large_min_ops": args.large_min_ops,
                 "contention": contention}
     layers, timing, stats = prepare_layers(model, PHAZE_COMMON, mbs, widths, args.devices, args.global_batch,
-                                           schedules=("ilp", "sequential"), **solve_kw)
+                                           args.optimizer, schedules=("ilp", "sequential"), **solve_kw)
     hbm = (PHAZE_COMMON.hbm_gb,)
-    ours, _ = sweep(layers["ilp"], args.devices, args.global_batch, hbm_gb=hbm)
-    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm)
+    ours, _ = sweep(layers["ilp"], args.devices, args.global_batch, hbm_gb=hbm, sync_model=args.sync_model)
+    seq, _ = sweep(layers["sequential"], args.devices, args.global_batch, hbm_gb=hbm,
+                   sync_model=args.sync_model)
     slices = stats["slices"]
     gaps = [s["gap"] for s in slices if s.get("gap") is not None]
     status: dict[str, int] = {}
+    stops: dict[str, int] = {}
     for s in slices:
         status[s["status"]] = status.get(s["status"], 0) + 1
+        stops[s["stopped_by"]] = stops.get(s["stopped_by"], 0) + 1
     best = ours.summary() if ours.feasible else {"reason": ours.reason}
     lg = layer_gain(layers, best["microbatch"], best["t"]) if ours.feasible else math.nan
     return {"workload": name, "model": model, "cost_model": "contention" if contention else "paper",
@@ -81,7 +87,7 @@ def run(name: str, contention: bool, args) -> dict:
             "sequential_throughput": seq.throughput if seq.feasible else 0.0,
             "sequential_placement": seq.summary() if seq.feasible else {"reason": seq.reason},
             "gain": (ours.throughput / seq.throughput - 1) if ours.feasible and seq.feasible else math.nan,
-            "layer_gain": lg, "slices": len(slices), "status_counts": status,
+            "layer_gain": lg, "slices": len(slices), "status_counts": status, "stopped_by": stops,
             "worst_gap": max(gaps) if gaps else None,
             "gap_unknown": sum(1 for s in slices if s.get("gap") is None and s["status"] != "trivial"),
             # measured on the slices solved in this run (None under the paper's model: no shares)
@@ -96,11 +102,18 @@ def main() -> int:
     ap.add_argument("--models", nargs="*", default=list(COST_MODELS), help="cost models: paper, contention")
     ap.add_argument("--devices", type=int, default=1024)
     ap.add_argument("--global-batch", type=int, default=4096)
-    ap.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds per slice")
-    ap.add_argument("--large-time-limit", type=float, default=120.0,
-                    help="seconds per slice of at least --large-min-ops ops")
+    ap.add_argument("--ilp-budget", type=float, default=10.0, help="deterministic seconds per slice")
+    ap.add_argument("--large-budget", type=float, default=40.0,
+                    help="deterministic seconds per slice of at least --large-min-ops ops")
+    ap.add_argument("--ilp-time-limit", type=float, default=300.0, help="wall-clock safety limit per slice")
+    ap.add_argument("--large-time-limit", type=float, default=1200.0,
+                    help="wall-clock safety limit per slice of at least --large-min-ops ops")
     ap.add_argument("--large-min-ops", type=int, default=40)
     ap.add_argument("--rel-gap", type=float, default=0.01, help="relative gap at which a slice's solve stops")
+    ap.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam",
+                    help="optimizer state in the HBM fit (sgd: the paper's setting)")
+    ap.add_argument("--sync-model", choices=("exposed", "paper"), default="exposed",
+                    help="gradient sync: every stage's exposed sync, or the paper's eq. 18")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_ablation.json"))
     args = ap.parse_args()
     load = os.getloadavg()

@@ -123,10 +123,11 @@ def test_from_dict_names_unknown_and_missing_fields():
 
 def test_defaults_are_the_cli_defaults():
     p = api.PlaceRequest("m", "a")
-    assert (p.ilp_time_limit_s, p.accelerators, p.global_batch, p.hbm_gb) == (30.0, 1024, 4096, (32, 64, 80))
+    assert (p.ilp_budget, p.ilp_time_limit_s, p.accelerators, p.global_batch, p.hbm_gb) == (
+        10.0, 300.0, 1024, 4096, (32, 64, 80))
     assert api.PartitionRequest("m").algo == "sa" and api.PartitionRequest("m").budget == 200
     s = api.SearchRequest(("m",))
-    assert (s.budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 5.0, (32.0, 64.0, 80.0))
+    assert (s.budget, s.ilp_budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 1.0, 60.0, (32.0, 64.0, 80.0))
     assert api.SolveDpRequest("f").time_limit_s == 600.0
     assert {r.capture_blocks for r in (p, s, api.GraphRequest("m"), api.EstimateRequest("m", "a"))} == {3}
 
@@ -144,6 +145,7 @@ P = api.PlaceRequest
     (P("bert-base", "tpuv5"), "unknown accelerator preset 'tpuv5'"),
     (P("bert-huge", "tpuv4"), "unknown model 'bert-huge'"),
     (P("bert-base", "tpuv4", ilp_time_limit_s=0), "ilp_time_limit_s must be a positive number"),
+    (P("bert-base", "tpuv4", ilp_budget=-1.0), "ilp_budget must be a positive number, got -1.0"),
     (api.GraphRequest("bert-base", mbs=0), "mbs must be a positive integer, got 0"),
     (api.EstimateRequest("bert-base", "tpuv4", backend="exact"),
      "backend must be one of ['analytical', 'zigzag'], got 'exact'"),

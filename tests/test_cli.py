@@ -56,7 +56,7 @@ def test_graph_loads_dnn_partitioning_json(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["graph", "bert-huge"], "unknown model 'bert-huge'"),
     (["graph", "bert-base", "--mbs", "0"], "mbs must be a positive integer"),
-    (["graph", "gpt2-xl", "--tmp", "2"], "not divisible by tmp width 2"),
+    (["graph", "gpt2-xl", "--tmp", "2"], "tmp width 2 does not divide field 'num_attention_heads' = 25"),
     (["graph", "missing.parquet"], "does not exist"),
 ])
 def test_bad_input_is_one_line(capsys, argv, match):
@@ -152,3 +152,20 @@ def test_pipeline_exact_json_and_summary(capsys):
 def test_pipeline_bad_input(capsys, argv, match):
     code, _, err = run(capsys, *argv)
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_infeasible_placement_is_strict_json_with_its_first_cause(capsys):
+    """bert-base's 110M parameters under mixed-precision Adam (2 + 2 + 12 bytes each, 1.6 GiB) on
+    2 devices of 0.5 GiB: the total state is the first cause; no Infinity or NaN in the JSON."""
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+    code, out, _ = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--accelerators", "2", "--seq", "64",
+                       "--global-batch", "8", "--hbm", "0.5", "--sequential", "--json")
+    pl = strict(out)["placement"]
+    assert code == 0 and not pl["feasible"] and pl["time_per_batch_s"] is None and pl["max_load_s"] is None
+    assert "the weights, gradients and optimizer state need 1.6 GiB, more than 2 devices × 0.50 GiB" \
+        in pl["reason"]
+    code, out, _ = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--accelerators", "2", "--seq", "64",
+                       "--global-batch", "8", "--hbm", "0.5", "--sequential", "--optimizer", "sgd", "--json")
+    assert strict(out)["placement"]["feasible"]  # 4 bytes per parameter fit: the optimizer decided

@@ -21,6 +21,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "cli"
 UPDATE = os.environ.get("ARCHPLACE_UPDATE_GOLDEN") == "1"
 # keys that measure the machine (wall clock), not the answer
 VOLATILE = ("wall_s", "timing_s", "solve_time_s", "elapsed_s")
+VOLATILE_KEYS = ("time_s", "lattice_s")  # the max-load solver's seconds in solve-dp's stats
 LAYER_GRAPH = "throughput-inputs/LayerGraphs/bert24_training.json"
 
 SMALL = {
@@ -29,6 +30,10 @@ SMALL = {
     "estimate": ["estimate", "bert-base", "--arch", "tpuv4", "--seq", "32"],
     "place-sequential": ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8",
                          "--global-batch", "64", "--seq", "64", "--sequential", "--hbm", "32"],
+    # the layer ILP stops on deterministic budgets (issue 28), so its answer can be stored too; a
+    # small budget keeps it quick (a few backward slices stop at it)
+    "place-ilp": ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8", "--global-batch", "64",
+                  "--seq", "64", "--hbm", "32", "--ilp-budget", "0.2"],
     "solve-dp": ["solve-dp", "{dnn}/" + LAYER_GRAPH],
     "pipeline": ["pipeline", "bert-48", "--cluster", "B"],
     "place-ops": ["place-ops", "txl-2", "--algo", "m-etf"],
@@ -40,7 +45,7 @@ SMALL = {
 def scrub(x, tmp: str = ""):
     """``x`` without the machine-dependent fields, temporary paths replaced by ``TMP``."""
     if isinstance(x, dict):
-        return {k: scrub(v, tmp) for k, v in x.items() if not k.endswith(VOLATILE)}
+        return {k: scrub(v, tmp) for k, v in x.items() if not k.endswith(VOLATILE) and k not in VOLATILE_KEYS}
     if isinstance(x, list):
         return [scrub(v, tmp) for v in x]
     if isinstance(x, str) and tmp and tmp in x:

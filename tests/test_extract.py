@@ -19,8 +19,8 @@ def gemm_flops(g, mask):
 
 
 def graph_params(g):
-    fwd = ~g.nodes["is_backward"]
-    return int(g.nodes["weight_bytes"][fwd].sum()) // g.meta["bytes_per_element"]
+    """Parameters counted once: a tied embedding's copy at the LM head is left out."""
+    return g.totals()["weight_bytes"] // g.meta["bytes_per_element"]
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_PARAMS))
@@ -75,9 +75,12 @@ def test_tmp_slice_carries_one_over_t_plus_allreduce(t):
     assert wp - ln == (wf - ln) // t
 
 
-def test_tmp_width_must_divide_heads():
-    with pytest.raises(ValueError, match=r"field 'gemm_b' = 25 is not divisible by tmp width 2"):
-        build_graph("gpt2-xl", seq=64, tmp=2)
+@pytest.mark.parametrize("mbs", [1, 2])
+def test_tmp_width_must_divide_heads(mbs):
+    """25 heads: no width above 1, whatever the microbatch (2 × 25 attention GEMMs divide by 2)."""
+    with pytest.raises(ValueError, match=r"^tmp width 2 does not divide field 'num_attention_heads' = 25 "
+                       r"of model 'gpt2-xl'; allowed widths: \[1\]$"):
+        build_graph("gpt2-xl", seq=64, mbs=mbs, tmp=2)
     with pytest.raises(ValueError, match="power of two"):
         build_graph("bert-base", seq=64, tmp=3)
 

@@ -110,7 +110,7 @@ def test_second_phase_with_interval_warm_start(monkeypatch):
         calls.append(out)
         return out
 
-    monkeypatch.setattr(L, "QUICK_ATTEMPT_S", 1e-4)
+    monkeypatch.setattr(L, "QUICK_ATTEMPT_DTIME", 1e-4)
     monkeypatch.setattr(L, "_run_warm_start", spy)
     ref = solve_layer(pb, "milp", cache=False, time_limit_s=120)
     s = solve_layer(pb, "cpsat", cache=False, decompose=False, time_limit_s=120)
@@ -314,12 +314,29 @@ def test_check_schedule_rejects_violations():
 
 # ---------------------------------------------------------------------------- fallback
 def test_tiny_time_limit_falls_back_to_a_valid_schedule():
+    """The wall-clock safety limit stops the solve: a valid list schedule, recorded as stopped by the
+    wall clock (its answer depends on the load) and left out of the cache."""
+    L.clear_schedule_cache()
     pb = P([KIND_TC, KIND_VC, KIND_FUSED], [2.0, 1.0, 3.0], [1.0, 1.0, 1.0], [(0, 2)])
     assert L._trivial(pb, 0.0) is None  # reaches the solver
-    s = solve_layer(pb, time_limit_s=1e-6, cache=False)
+    s = solve_layer(pb, time_limit_s=1e-6)
     check_schedule(pb, s)
-    assert s.status == "fallback"
+    assert s.status == "fallback" and s.stopped_by == "wall_limit"
     assert math.isnan(s.gap)
+    again = solve_layer(pb)
+    assert not again.from_cache and again.status == "optimal" and again.stopped_by == "optimal"
+
+
+def test_tiny_budget_falls_back_reproducibly():
+    """The deterministic budget stops the solve: the same fallback both times, marked as stopped by
+    the budget, and cached (it is reproducible)."""
+    L.clear_schedule_cache()
+    pb = P([KIND_TC, KIND_VC, KIND_FUSED], [2.0, 1.0, 3.0], [1.0, 1.0, 1.0], [(0, 2)])
+    s = solve_layer(pb, budget=1e-9)
+    check_schedule(pb, s)
+    assert s.stopped_by == "deterministic_limit" and s.status in ("fallback", "feasible")
+    assert solve_layer(pb, budget=1e-9).from_cache
+    assert schedule_cache_key(pb, budget=1e-9) != schedule_cache_key(pb)
 
 
 @pytest.mark.parametrize("bound", [math.nan, 1.0])
@@ -387,9 +404,10 @@ def test_schedule_layers_solves_repeated_blocks_once():
     np.testing.assert_array_equal(again["forward_s"], res["forward_s"])
 
 
-def test_large_slices_get_the_longer_time_limit():
-    """``large_time_limit_s`` applies from ``large_min_ops`` ops on; the cache key holds the limit the
-    slice gets, so a small slice shares its entry with a run without the rule."""
+def test_large_slices_get_the_larger_budget():
+    """``large_budget`` (and the safety limit ``large_time_limit_s``) apply from ``large_min_ops`` ops
+    on; the cache key holds the budget the slice gets, so a small slice shares its entry with a run
+    without the rule; the wall-clock limits are not in the key."""
     assert L.effective_time_limit_s(48, 30.0, 120.0, 40) == 120.0
     assert L.effective_time_limit_s(39, 30.0, 120.0, 40) == 30.0
     assert L.effective_time_limit_s(48, 30.0) == 30.0
@@ -397,8 +415,13 @@ def test_large_slices_get_the_longer_time_limit():
         L.effective_time_limit_s(48, 30.0, 0.0)
     with pytest.raises(ValueError, match="large_min_ops must be an integer >= 1"):
         L.effective_time_limit_s(48, 30.0, 60.0, 0)
+    assert L.effective_limit(48, 2.0, 8.0, 40) == 8.0 and L.effective_limit(39, 2.0, 8.0, 40) == 2.0
+    with pytest.raises(ValueError, match="large_budget must be > 0"):
+        L.effective_limit(48, 2.0, -1.0)
     p = LayerProblem(np.zeros(3, np.int64), np.ones(3), np.full(3, 0.5), [0, 1], [1, 2], 2, 2)
     k = L.schedule_cache_key
-    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=4) == k(p, time_limit_s=30.0)
-    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=3) == k(p, time_limit_s=120.0)
-    assert k(p, time_limit_s=30.0, large_time_limit_s=120.0, large_min_ops=3) != k(p, time_limit_s=30.0)
+    assert k(p, budget=3.0, large_budget=12.0, large_min_ops=4) == k(p, budget=3.0)
+    assert k(p, budget=3.0, large_budget=12.0, large_min_ops=3) == k(p, budget=12.0)
+    assert k(p, budget=3.0, large_budget=12.0, large_min_ops=3) != k(p, budget=3.0)
+    assert k(p, budget=3.0, time_limit_s=5.0) == k(p, budget=3.0, time_limit_s=500.0, large_time_limit_s=9.0)
+    assert k(p, num_workers=2) != k(p)

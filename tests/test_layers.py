@@ -1,7 +1,8 @@
-"""The package's floors, read from its source with ``ast`` (every ``import``, at module level or inside a
-function): imports run one way, down ``cli`` → ``service`` → ``api`` → ``platform`` → ``algorithms`` →
-``simulators`` → ``workloads``, ``hardware``; no module imports itself back through others; the core
-never imports Ray; ``client.py`` imports nothing of the package; no module is over 700 lines."""
+"""The package's floors, read from its source with ``ast`` (every ``import`` that runs, at module level
+or inside a function): imports run one way, down ``cli`` → ``service`` → ``api`` → ``platform`` →
+``algorithms`` → ``simulators`` → ``workloads``, ``hardware``; no module imports itself back through
+others; the core never imports Ray; ``client.py`` imports nothing of the package; no module is over 700
+lines."""
 
 from __future__ import annotations
 
@@ -42,7 +43,14 @@ def imports(module: str) -> tuple[set[str], set[str]]:
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     inner, outer = set(), set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # ``if TYPE_CHECKING:`` imports never run: type annotations may name a class one floor up
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -1,4 +1,5 @@
-"""Phaze placement DP against brute force and hand-computed cases."""
+"""Phaze placement DP against brute force and hand-computed cases, under both gradient-sync models:
+the exposed sync of every stage (default) and the paper's eq. 18 (the first stage's only)."""
 
 import itertools
 import math
@@ -6,18 +7,19 @@ import math
 import numpy as np
 import pytest
 
+from archplace.algorithms.solvers.expert import expert_placement
+from archplace.algorithms.solvers.grad_sync import stage_sync
 from archplace.algorithms.solvers.placement import (
     PlacementLayers,
     TrainingSetup,
     best_placement,
     downsets,
-    expert_placement,
     place,
     stage_cost,
 )
 
 
-def random_layers(rng, L, t, skip=True, tp_prob=0.7):
+def random_layers(rng, L, t, skip=True, tp_prob=0.7, tied=False):
     src, dst = list(range(L - 1)), list(range(1, L))
     if skip:
         for _ in range(L // 2):
@@ -26,10 +28,27 @@ def random_layers(rng, L, t, skip=True, tp_prob=0.7):
             if (u, v) not in set(zip(src, dst)):
                 src.append(u)
                 dst.append(v)
-    return PlacementLayers(t, rng.uniform(1, 5, L), rng.uniform(2, 10, L), rng.uniform(1, 4, L) * 1e9,
+    weights = rng.uniform(1, 4, L) * 1e9
+    tied_bytes = np.zeros(L)
+    if tied and L > 1:  # the first layer's table read again by the last (an embedding and its LM head)
+        tied_bytes[[0, -1]] = weights[0]
+    return PlacementLayers(t, rng.uniform(1, 5, L), rng.uniform(2, 10, L), weights,
                            rng.uniform(0, 2, L) * 1e9, rng.uniform(1, 3, L) * 1e9, rng.random(L) < tp_prob,
                            np.array(src), np.array(dst), rng.uniform(0, 3, len(src)) * 1e9,
-                           tuple(f"l{i}" for i in range(L)))
+                           tuple(f"l{i}" for i in range(L)), tied_bytes)
+
+
+def sync_term(ly, setup, bounds, d) -> float:
+    """The largest exposed gradient sync of these stages (closed form of grad_sync.py, written out):
+    a stage's AllReduce 4(d−1)/d·W/bw (plus 2·tied/bw between the two stages of tied weights) less the
+    backward compute of the layers before it; eq. 18 (paper) charges the first stage's AllReduce only."""
+    w = [float(np.sum(ly.weight_bytes[a:b])) for a, b in bounds]
+    if setup.sync_model == "paper":
+        return 4 * (d - 1) / d * w[0] / setup.bandwidth
+    tied = [float(np.sum(ly.tied_bytes[a:b])) if len(bounds) > 1 else 0.0 for a, b in bounds]
+    exposed = [max(0.0, 4 * (d - 1) / d * wk / setup.bandwidth + 2 * tk / setup.bandwidth
+                   - float(np.sum(ly.backward_s[:a]))) for wk, tk, (a, _) in zip(w, tied, bounds)]
+    return max(exposed)
 
 
 def brute_force(ly, setup, fixed=None):
@@ -53,51 +72,68 @@ def brute_force(ly, setup, fixed=None):
                 devices += 1 if (c["single"] and t > 1) else t
             if not ok:
                 continue
-            w0 = stage_cost(ly, setup, list(range(*bounds[0])))["weights"]
             for d in range(1, min(K // devices, B) + 1):
                 if fixed and d != fixed[1]:
                     continue
-                F = (math.ceil(B / d) + s - 1) * max(loads) + 4 * (d - 1) / d * w0 / setup.bandwidth
+                F = (math.ceil(B / d) + s - 1) * max(loads) + sync_term(ly, setup, bounds, d)
                 best = min(best, F)
     return best
 
 
+@pytest.mark.parametrize("sync_model", ["exposed", "paper"])
 @pytest.mark.parametrize("seed", range(40))
-def test_dp_equals_brute_force_on_random_layer_graphs(seed):
+def test_dp_equals_brute_force_on_random_layer_graphs(seed, sync_model):
     rng = np.random.default_rng(seed)
     L = int(rng.integers(2, 8))
     t = int(rng.choice([1, 2, 4]))
-    ly = random_layers(rng, L, t)
-    setup = TrainingSetup(int(rng.choice([4, 8, 16, 32])), int(rng.choice([16, 64])), 2,
-                          float(rng.uniform(8e9, 40e9)), bool(rng.random() < 0.5), 4e9)
+    ly = random_layers(rng, L, t, tied=seed % 3 == 0)
+    # slow links make the syncs outgrow their windows; large K and B give many d
+    bw = float(rng.choice([4e9, 1e9, 2.5e8]))
+    K, B = (int(rng.choice([4, 8, 16, 32])), int(rng.choice([16, 64]))) if seed % 2 else \
+        (int(rng.choice([64, 256, 1024])), int(rng.choice([256, 4096])))
+    setup = TrainingSetup(K, B, 2, float(rng.uniform(8e9, 40e9)), bool(rng.random() < 0.5), bw, sync_model)
     bf = brute_force(ly, setup)
     res = place(ly, setup)
     gen = place(ly, setup, general=True)
     if math.isinf(bf):
         assert not res.feasible and not gen.feasible and res.reason
         return
-    assert res.feasible and res.time_per_batch_s == pytest.approx(bf, rel=1e-9)
-    assert gen.time_per_batch_s == pytest.approx(bf, rel=1e-9)
+    # eq. 18 is one bottleneck: the DP is exact. The exposed sync adds a second one (the largest
+    # exposure), which the DP meets with rounds of a sync threshold and d ranges (placement.py): never
+    # below the optimum (F is computed exactly for the placement it returns), within 3% of it (measured
+    # on 315 random instances: 98.7% exact, worst 2.5%)
+    tol = 1e-9 if sync_model == "paper" else 0.03
+    assert res.feasible and bf * (1 - 1e-9) <= res.time_per_batch_s <= bf * (1 + tol)
+    assert bf * (1 - 1e-9) <= gen.time_per_batch_s <= bf * (1 + tol)
     # the reported placement is self-consistent
     assert res.p == len(res.stages) and res.d * sum(s.devices for s in res.stages) <= setup.num_devices
     assert [s.first for s in res.stages] == [0] + [s.last + 1 for s in res.stages[:-1]]
     assert res.stages[-1].last == L - 1
     assert all(s.memory_bytes <= setup.hbm_bytes for s in res.stages)
     assert res.throughput == pytest.approx(setup.global_batch / res.time_per_batch_s)
+    # every stage's sync fields follow the closed form; the time per batch charges the largest exposure
+    bounds = [(st.first, st.last + 1) for st in res.stages]
+    ref = stage_sync([np.sum(ly.weight_bytes[a:b]) for a, b in bounds],
+                     [np.sum(ly.tied_bytes[a:b]) for a, b in bounds],
+                     [np.sum(ly.backward_s[:a]) for a, _ in bounds], res.d, bw, sync_model)
+    assert [st.exposed_s for st in res.stages] == pytest.approx(ref.exposed_s.tolist())
+    assert res.exposed_sync_s == pytest.approx(sync_term(ly, setup, bounds, res.d))
+    assert res.time_per_batch_s >= max(st.exposed_s for st in res.stages)
 
 
+@pytest.mark.parametrize("sync_model", ["exposed", "paper"])
 @pytest.mark.parametrize("seed", range(10))
-def test_fixed_strategy_equals_brute_force(seed):
+def test_fixed_strategy_equals_brute_force(seed, sync_model):
     rng = np.random.default_rng(100 + seed)
     ly = random_layers(rng, 6, 2)
-    setup = TrainingSetup(32, 64, 1, 30e9, False, 4e9)
+    setup = TrainingSetup(32, 64, 1, 30e9, False, 1e9, sync_model)
     p, d = int(rng.integers(1, 5)), int(rng.integers(1, 5))
     bf = brute_force(ly, setup, fixed=(p, d))
     res = place(ly, setup, fixed=(p, d))
     if math.isinf(bf):
         assert not res.feasible
     else:
-        assert (res.p, res.d) == (p, d) and res.time_per_batch_s == pytest.approx(bf, rel=1e-9)
+        assert (res.p, res.d) == (p, d) and res.time_per_batch_s == pytest.approx(bf, rel=1e-9)  # one d
 
 
 def test_general_dp_on_a_branchy_dag_equals_chain_enumeration():
@@ -108,7 +144,7 @@ def test_general_dp_on_a_branchy_dag_equals_chain_enumeration():
                          np.array([0, 0, 1, 2]), np.array([1, 2, 3, 3]), np.full(4, 4e8),
                          ("a", "b", "c", "d"))
     assert sorted(bin(d).count("1") for d in downsets(4, ly.edge_src, ly.edge_dst)) == [0, 1, 2, 2, 3, 4]
-    setup = TrainingSetup(4, 8, 1, 100e9, False, 4e9)
+    setup = TrainingSetup(4, 8, 1, 100e9, False, 4e9, "paper")
     res = place(ly, setup)
     best = math.inf
     ds = downsets(4, ly.edge_src, ly.edge_dst)
@@ -184,14 +220,15 @@ def test_bad_inputs():
                         np.array([1]), np.array([0]), np.array([1.0]))
 
 
-def test_expert_placement_splits_blocks_evenly_and_never_beats_the_dp():
+@pytest.mark.parametrize("sync_model", ["exposed", "paper"])
+def test_expert_placement_splits_blocks_evenly_and_never_beats_the_dp(sync_model):
     L = 10  # embed, 8 blocks, head
     names = ("embed", *(f"h.{i}" for i in range(8)), "head")
     rng = np.random.default_rng(3)
     ly = PlacementLayers(2, rng.uniform(1, 2, L), rng.uniform(2, 4, L), np.full(L, 1e8), np.zeros(L),
                          np.full(L, 1e8), np.array([False] + [True] * 8 + [False]), np.arange(L - 1),
                          np.arange(1, L), np.full(L - 1, 1e7), names)
-    setup = TrainingSetup(64, 64, 1, 80e9, False, 4e9)
+    setup = TrainingSetup(64, 64, 1, 80e9, False, 4e8, sync_model)
     ex = expert_placement(ly, setup, 4, 4)
     assert ex.feasible and [(s.first, s.last) for s in ex.stages] == [(0, 2), (3, 4), (5, 6), (7, 9)]
     direct = brute_force_fixed_split(ly, setup, [(0, 3), (3, 5), (5, 7), (7, 10)], 4)
@@ -203,5 +240,20 @@ def test_expert_placement_splits_blocks_evenly_and_never_beats_the_dp():
 def brute_force_fixed_split(ly, setup, bounds, d):
     s = len(bounds)
     loads = [stage_cost(ly, setup, list(range(a, b)))["plain"] for a, b in bounds]
-    w0 = stage_cost(ly, setup, list(range(*bounds[0])))["weights"]
-    return (math.ceil(setup.microbatches / d) + s - 1) * max(loads) + 4 * (d - 1) / d * w0 / setup.bandwidth
+    return (math.ceil(setup.microbatches / d) + s - 1) * max(loads) + sync_term(ly, setup, bounds, d)
+
+
+def test_a_first_stage_of_only_the_embedding_no_longer_hides_the_sync():
+    """Embedding (1 MB, 1 ms backward) then a block of 1 GB weights (10 ms backward), 8 copies of a
+    2-stage pipeline, 1 GB/s links. Eq. 18 charges stage 0's AllReduce only: 4·7/8·1e6/1e9 = 3.5 ms.
+    The block's own AllReduce, 4·7/8·1e9/1e9 = 3.5 s, can overlap only the embedding's backward of the
+    last microbatch (1 ms): 3.499 s exposed."""
+    ly = PlacementLayers(1, np.array([5e-4, 5e-3]), np.array([1e-3, 1e-2]), np.array([1e6, 1e9]),
+                         np.zeros(2), np.ones(2), np.ones(2, bool), np.array([0]), np.array([1]),
+                         np.array([0.0]), ("embed", "block"))
+    for model, exposed in (("paper", 3.5e-3), ("exposed", 3.5 - 1e-3)):
+        res = place(ly, TrainingSetup(16, 64, 1, 1e12, False, 1e9, model), fixed=(2, 8))
+        load = 5e-3 + 1e-2  # the block's stage is the bottleneck
+        assert res.time_per_batch_s == pytest.approx((8 + 1) * load + exposed)
+        assert res.stages[1].sync_s == pytest.approx(3.5) and res.stages[1].window_s == pytest.approx(1e-3)
+        assert res.stages[0].sync_s == pytest.approx(3.5e-3) and res.stages[0].window_s == 0.0

@@ -27,9 +27,9 @@ from archplace.platform.trial import FAULT_ENV, SearchSettings, arch_key
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = SearchSettings(models=("bert-base",), num_devices=64, global_batch=256, microbatches=(1,),
-                       hbm_gb=(32,), tmp_widths={"bert-base": (1, 2)}, ilp_time_limit_s=30.0)
+                       hbm_gb=(32,), tmp_widths={"bert-base": (1, 2)})
 CLI_SMALL = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1",
-             "--hbm", "32", "--tmp-widths", "1,2", "--ilp-time-limit", "30"]
+             "--hbm", "32", "--tmp-widths", "1,2"]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -61,17 +61,18 @@ def test_search_matches_the_in_process_path(baseline):
     for r in rows:
         acc = space.accelerator(r["space_index"])
         assert r["arch_key"] == arch_key(acc) and r["is_reference"] == (r["space_index"] == 0)
-        layers, _, _ = prepare_layers("bert-base", acc, (1,), (1, 2), 64, 256, time_limit_s=30.0,
-                                      num_workers=1)
+        layers, _, _ = prepare_layers("bert-base", acc, (1,), (1, 2), 64, 256, num_workers=1,
+                                      **SMALL.ilp_settings())
         best, _ = sweep(layers["ilp"], 64, 256, hbm_gb=(32,), recompute=(False, True))
-        assert r["throughput"] == pytest.approx(best.throughput, rel=1e-9)
+        # bit for bit: both paths stop every slice on the same deterministic budget
+        assert r["throughput"] == best.throughput
         assert (r["p"], r["d"], r["t"]) == (best.p, best.d, best.t)
         lookups, keys = 0, set()
         for t in (1, 2):
             g = build_graph("bert-base", mbs=1, tmp=t)
             est = estimate_graph(g, acc)
             plan = plan_layer_schedules(g, est.single_s, est.all_s, acc.num_tc, acc.num_vc, est.hbm_share,
-                                        est.glb_share, time_limit_s=30.0)
+                                        est.glb_share, **SMALL.ilp_settings())
             lookups += plan.lookups
             keys |= set(plan.problems)
         # the two cache numbers: repeated layers inside the architecture, and distinct slices that
@@ -90,10 +91,10 @@ def test_search_matches_the_in_process_path(baseline):
     assert (out / "report.md").exists() and "Pareto" in (out / "report.md").read_text()
     # compacted: one table, no part files or write-ahead log left
     assert not list((out / "evaluations").glob("part-*.parquet")) if (out / "evaluations").exists() else True
-    # the schedule cache on disk holds every solved slice, with its status and gap
+    # the schedule cache on disk holds every solved slice, with its status, gap, stop reason and dtime
     cached = (out / "schedule_cache.jsonl").read_text().splitlines()
     assert len(cached) - 1 == sum(r["ilp_solved"] for r in rows)
-    assert all(len(json.loads(line)) == 4 for line in cached[1:])
+    assert all(len(json.loads(line)) == 6 for line in cached[1:])
     # each row: every distinct slice's solver status and gap, and the worst gap over them
     for r in rows:
         counts, slices = json.loads(r["ilp_status"]), json.loads(r["ilp_slices_json"])
@@ -108,12 +109,18 @@ def test_search_matches_the_in_process_path(baseline):
         assert r["ilp_worst_gap"] == max(gaps) if gaps else math.isnan(r["ilp_worst_gap"])
         assert r["ilp_gap_unknown"] == sum(1 for s in slices if s["gap"] is None
                                            and s["status"] not in ("optimal", "trivial"))
+        stops = json.loads(r["ilp_stopped_by"])
+        assert stops == {k: sum(s["stopped_by"] == k for s in slices) for k in stops}
+        assert sum(stops.values()) == len(slices) and r["ilp_load_dependent"] == 0
     per = best["per_model"]["bert-base"]
     assert sum(per["ilp_status"].values()) > 0 and "ilp_worst_gap" in per
     overall = res["stats"]["ilp"]
     assert overall["status_counts"] == {k: sum(json.loads(r["ilp_status"]).get(k, 0) for r in rows)
                                         for k in overall["status_counts"]}
     assert overall["worst_gap"] == max(r["ilp_worst_gap"] for r in rows)
+    assert overall["stopped_by"] == {k: sum(json.loads(r["ilp_stopped_by"]).get(k, 0) for r in rows)
+                                     for k in overall["stopped_by"]}
+    assert overall["load_dependent"] == 0
 
 
 def test_resume_reuses_the_schedule_cache(baseline, tmp_path):

@@ -314,9 +314,11 @@ def test_best_table_shows_the_layer_ilp_answer(tmp_path):
     rows = _rows()
     for r in rows:
         r["ilp_status"], r["ilp_worst_gap"], r["ilp_gap_unknown"] = json.dumps({"optimal": 5}), 0.0, 0
+        r["ilp_load_dependent"] = 0
         if r["model"] == "gpt2-xl":
             r["ilp_status"] = json.dumps({"optimal": 3, "feasible": 2, "fallback": 1})
             r["ilp_worst_gap"], r["ilp_gap_unknown"] = 0.0734, 1
+            r["ilp_load_dependent"] = 2  # two slices stopped by the wall-clock safety limit
     out = _write(tmp_path, rows=rows, best=False)
     text = write_report(out).read_text()
     header = next(ln for ln in text.splitlines() if ln.startswith("| Choice"))
@@ -324,7 +326,7 @@ def test_best_table_shows_the_layer_ilp_answer(tmp_path):
     best_bert = next(ln for ln in text.splitlines() if ln.startswith("| best for bert-large"))
     best_gpt = next(ln for ln in text.splitlines() if ln.startswith("| best for gpt2-xl"))
     assert best_bert.rstrip(" |").endswith("optimal")
-    assert "worst gap 7.3%, 1 slice without a bound" in best_gpt
+    assert "worst gap 7.3%, 1 slice without a bound, 2 slices stopped by the wall clock" in best_gpt
     for r in rows:
         r["ilp_status"] = ""  # sequential schedules
     text = write_report(_write(tmp_path, rows=rows, best=False)).read_text()

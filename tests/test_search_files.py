@@ -25,12 +25,17 @@ def test_second_lock_is_refused_and_a_dead_holder_leaves_none(tmp_path):
 def test_schedule_cache_round_trip_torn_line_and_other_versions(tmp_path):
     f = ScheduleCacheFile(tmp_path / "c.jsonl")
     assert f.load() == {}
-    f.append({"a": [1.5, "optimal", 0.0], "b": [2.0, "feasible", 0.25]})
-    f.append({"c": [3.0, "optimal"]})   # an entry without a gap (as lines written before gaps were kept)
+    f.append({"a": [1.5, "optimal", 0.0, "optimal", 0.5],
+              "b": [2.0, "feasible", 0.25, "deterministic_limit", 1.0]})
+    # answers that depend on the machine's load are not written
+    f.append({"c": [3.0, "fallback", None, "wall_limit", 0.2],
+              "e": [1.0, "fallback", None, "solver_failed", 0.0],
+              "g": [5.0, "trivial", 0.0, "closed_form", 0.0]})
     with open(f.path, "a") as fh:
         fh.write('["d", 4.')   # a line cut short by a crash
-    assert ScheduleCacheFile(f.path).load() == {"a": [1.5, "optimal", 0.0], "b": [2.0, "feasible", 0.25],
-                                                "c": [3.0, "optimal", None]}
+    assert ScheduleCacheFile(f.path).load() == {"a": [1.5, "optimal", 0.0, "optimal", 0.5],
+                                                "b": [2.0, "feasible", 0.25, "deterministic_limit", 1.0],
+                                                "g": [5.0, "trivial", 0.0, "closed_form", 0.0]}
     lines = f.path.read_text().splitlines()
     assert json.loads(lines[0]) == {"versions": code_versions()}
     old = json.dumps({"versions": {**code_versions(), "ortools": "0"}})

@@ -278,6 +278,26 @@ def test_managed_evaluation_equals_place(svc):
     assert e.value.status == 422 and "arch" in e.value.message
 
 
+def test_managed_evaluation_with_the_ilp_is_cached_unless_load_dependent(svc):
+    """An ILP evaluation stops on deterministic budgets, so its result is cached; one whose slices the
+    wall-clock safety limit stopped depends on the load of the node that ran it and is not."""
+    c = svc.client("alice")
+    opts = {"accelerators": 64, "global_batch": 256, "hbm_gb": [32.0], "fixed": [1, 64, 1],
+            "ilp_budget": 0.05}
+    op = c.evaluate("bert-base", "tpuv4", timeout_s=600, **opts)
+    assert op["state"] == "DONE" and op["result"]["ilp"]["load_dependent"] == 0
+    assert op["result"]["ilp"]["budget"] == {"dtime_per_slice": 0.05, "wall_limit_s_per_slice": 120.0}
+    again = c.evaluate("bert-base", "tpuv4", **opts)
+    assert again["cached"] and again["result"] == op["result"]
+    # another budget: the worker's in-memory schedule cache holds the slices of the first one, and
+    # a cached deterministic answer does not depend on the safety limit
+    opts["ilp_budget"] = 0.07
+    rushed = c.evaluate("bert-base", "tpuv4", timeout_s=600, ilp_time_limit_s=1e-6, **opts)
+    assert rushed["state"] == "DONE" and rushed["result"]["ilp"]["load_dependent"] > 0
+    assert rushed["result"]["ilp"]["stopped_by"]["wall_limit"] == rushed["result"]["ilp"]["load_dependent"]
+    assert not c.evaluate("bert-base", "tpuv4", timeout_s=600, ilp_time_limit_s=1e-6, **opts)["cached"]
+
+
 def test_operation_cancel_and_partition(svc):
     c = svc.client("alice")
     op = c.partition("bert-base", algo="greedy", chiplets=8, seq=128, timeout_s=600)

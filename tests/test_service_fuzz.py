@@ -218,7 +218,7 @@ ENDPOINTS: dict[str, tuple[str, dict, dict[str, list]]] = {
         "model": BAD_MODEL, "arch": BAD_ARCH, "accelerators": bad_int(1, 65_536, False),
         "global_batch": bad_int(1, 2**24, False), "hbm_gb": BAD_HBM, "sequential": BAD_BOOL,
         "fixed": BAD_FIXED, "seq": bad_int(1, 32_768, True),
-        "ilp_time_limit_s": bad_float(0, 120, True, False)}),
+        "ilp_budget": bad_float(0, 120, True, False), "ilp_time_limit_s": bad_float(0, 600, True, False)}),
     "partition": ("/v1/partitions", {"model": "bert-base", "chiplets": 8}, {
         "model": BAD_MODEL, "chiplets": bad_int(1, 64, False),
         "algo": bad_literal(["greedy", "random", "sa", "ppo", "ppo-lns"]), "budget": bad_int(1, 5000, False),

@@ -114,7 +114,9 @@ class _Reference:
             # read as no slices and an unknown gap
             ilp = {"ilp_status": json.loads(r.get("ilp_status") or "{}"),
                    "ilp_worst_gap": _jsonable(r.get("ilp_worst_gap", math.nan)),
-                   "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0)}
+                   "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0),
+                   "ilp_stopped_by": json.loads(r.get("ilp_stopped_by") or "{}"),
+                   "ilp_load_dependent": int(r.get("ilp_load_dependent") or 0)}
             return ({k: _jsonable(r[k]) for k in PLACEMENT_FIELDS} | {"stages": json.loads(r["stages_json"])}
                     | ilp)
 
@@ -496,7 +498,9 @@ def test_ilp_answer_columns_round_trip_and_old_files_load(tmp_path):
     rows = _arch(1)
     for r, gap in zip(rows, (0.0, 0.125)):
         r.update(ilp_status=json.dumps({"optimal": 3, "feasible": 1 if gap else 0}), ilp_worst_gap=gap,
-                 ilp_gap_unknown=0, ilp_slices_json="[]")
+                 ilp_gap_unknown=0, ilp_slices_json="[]",
+                 ilp_stopped_by=json.dumps({"optimal": 3, "deterministic_limit" if gap else "wall_limit": 1}),
+                 ilp_load_dependent=0 if gap else 1)
     store.add(rows, "phaze")
     best = store.close(META)
     again = ResultStore(new)
@@ -505,8 +509,12 @@ def test_ilp_answer_columns_round_trip_and_old_files_load(tmp_path):
         assert b["per_model"]["gpt2-xl"]["ilp_status"] == {"optimal": 3, "feasible": 1}
         assert b["per_model"]["gpt2-xl"]["ilp_worst_gap"] == 0.125
         assert b["per_model"]["bert-large"]["ilp_worst_gap"] == 0.0
+        assert b["per_model"]["gpt2-xl"]["ilp_stopped_by"] == {"optimal": 3, "deterministic_limit": 1}
+        assert b["per_model"]["bert-large"]["ilp_load_dependent"] == 1
     overall = ilp_overall(again.rows)
     assert overall["status_counts"] == {"optimal": 6, "feasible": 1} and overall["worst_gap"] == 0.125
+    assert overall["stopped_by"] == {"optimal": 6, "deterministic_limit": 1, "wall_limit": 1}
+    assert overall["load_dependent"] == 1
     assert overall["worst_gap_at"] == {"arch_label": rows[1]["arch_label"], "model": "gpt2-xl"}
 
     old = tmp_path / "old"
@@ -521,4 +529,5 @@ def test_ilp_answer_columns_round_trip_and_old_files_load(tmp_path):
     assert all(r["ilp_status"] == "" and math.isnan(r["ilp_worst_gap"]) for r in store.rows)
     b = store.best(META)["per_model"]["bert-large"]
     assert b["ilp_status"] == {} and b["ilp_worst_gap"] is None
+    assert b["ilp_stopped_by"] == {} and b["ilp_load_dependent"] == 0
     assert ilp_overall(store.rows)["worst_gap"] is None

@@ -32,7 +32,15 @@ def test_memory_infeasible_is_a_result():
     res = model_throughput("bert-large", TPUV4, num_devices=4, global_batch=64, microbatches=(8,),
                            hbm_gb=(0.05,), recompute=(True,), sequential=True, seq=512, tmp_widths=(1,))
     assert not res.best.feasible and res.throughput == 0.0
-    assert "layer encoder.layer.0 alone needs" in res.best.reason
+    # the first cause in order: bert-large's 335M parameters under mixed-precision Adam, 2 + 2 + 12 bytes
+    # each (5.0 GiB), against 4 × 0.05 GiB
+    assert "weights, gradients and optimizer state need 5.0 GiB, more than 4 devices × 0.05 GiB" in \
+        res.best.reason
+    # with room for the model's state in total but not for its largest layer on one device
+    one = model_throughput("bert-large", TPUV4, num_devices=4096, global_batch=64, microbatches=(8,),
+                           hbm_gb=(0.05,), recompute=(True,), sequential=True, seq=512, tmp_widths=(1,),
+                           optimizer="sgd")
+    assert "layer encoder.layer.0 alone needs" in one.best.reason
 
 
 def test_sweep_takes_a_custom_evaluator():

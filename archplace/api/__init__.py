@@ -23,7 +23,7 @@ Importing this package imports neither Ray nor the heavy model libraries; each c
 needs.
 """
 
-from ._common import Cancelled, InvalidRequest, ProgressFn
+from ._common import Cancelled, InvalidRequest, ProgressFn, strict_json
 from .graphs import (
     EstimateRequest,
     EstimateResult,
@@ -50,5 +50,5 @@ __all__ = [
     "PipelineRequest", "PipelineResult", "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
     "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "from_hf_config", "from_module", "graph",
     "graph_summary",
-    "load_accelerator", "load_graph", "partition", "pipeline", "place", "search", "solve_dp",
+    "load_accelerator", "load_graph", "partition", "pipeline", "place", "search", "solve_dp", "strict_json",
 ]

@@ -4,6 +4,7 @@ progress reports and cancellation. Standard library only, so ``import archplace.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -118,6 +119,19 @@ def plain(x: Any) -> Any:
     return x
 
 
+def strict_json(x: Any) -> Any:
+    """``plain(x)`` with every non-finite float (inf, NaN) as ``None``: strict JSON, which has no
+    Infinity or NaN. Each result says why a value is missing (``reason``, a status)."""
+    x = plain(x)
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [strict_json(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 class Request:
     """Base of the frozen request dataclasses: a JSON round trip and ``validate()``."""
 
@@ -146,10 +160,11 @@ class Request:
 
 
 class Result:
-    """Base of the result dataclasses: ``to_dict()`` is the fields in order, as plain Python."""
+    """Base of the result dataclasses: ``to_dict()`` is the fields in order, as plain Python and
+    strict JSON (a value that does not exist, such as the time of an infeasible placement, is None)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: strict_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 class DetailsResult(Result):

@@ -207,11 +207,15 @@ class EstimateRequest(Request):
     tmp: int = 1
     seq: int | None = None
     backend: str = "analytical"
+    optimizer: str = "adam"    # sgd, adam, adafactor: the optimizer state in ``memory``
     capture_blocks: int = 3    # leading blocks captured per stack (more where its block kinds need them)
 
     def validate(self) -> None:
+        from ..workloads.layers import OPTIMIZERS
+
         check_model(self.model, files=True)
         load_accelerator(self.arch)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_int("mbs", self.mbs)
         check_int("tmp", self.tmp)
         check_int("seq", self.seq, optional=True)
@@ -233,6 +237,23 @@ class EstimateResult(Result):
     ops: list[dict[str, Any]]    # one per operator: name, kind, core, pass, layer, flops, latencies
     note: str | None = None      # where the latencies come from when they are not --arch estimates
     reason: str | None = None    # why every latency is zero (None when some is not)
+    # one device's training state for this slice: optimizer, weight_bytes, gradient_bytes,
+    # optimizer_bytes (mixed precision, workloads.layers), activation_bytes kept for backward, total_bytes
+    memory: dict[str, Any] | None = None
+
+
+def _training_memory(g, optimizer: str) -> dict[str, Any]:
+    """Weights, gradients, optimizer state and saved activations of one device's slice (bytes)."""
+    from ..workloads.layers import optimizer_bytes_per_param
+
+    nd = g.nodes
+    fwd = ~nd["is_backward"]
+    bpe = int(g.meta.get("bytes_per_element", 2) or 2)
+    w = int(nd["weight_bytes"][fwd].sum())
+    opt = int(w // bpe * optimizer_bytes_per_param(optimizer, bpe))
+    act = int(nd["saved_bytes"][fwd].sum())
+    return {"optimizer": optimizer, "weight_bytes": w, "gradient_bytes": w, "optimizer_bytes": opt,
+            "activation_bytes": act, "total_bytes": 2 * w + opt + act}
 
 
 def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
@@ -282,7 +303,7 @@ def estimate(req: EstimateRequest, *, progress: ProgressFn | None = None,
         totals={"sequential_single_core_s": float(est.single_s.sum()), "all_cores_s": float(est.all_s.sum()),
                 "forward_s": float(est.single_s[~bwd].sum()), "backward_s": float(est.single_s[bwd].sum()),
                 "by_core_single_s": by_core, "flops": float(nd["flops"].sum())},
-        ops=ops, note=note)
+        ops=ops, note=note, memory=_training_memory(g, req.optimizer))
     if not (est.single_s > 0).any():
         kinds = ", ".join(f"{k} {n}" for k, n in zip(*np.unique(nd["core"], return_counts=True)))
         res.reason = ("every op's latency is 0: " + ("the graph has no ops" if g.num_nodes == 0 else

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..workloads.layers import OPTIMIZERS
 from ._common import (
     InvalidRequest,
     ProgressFn,
@@ -28,6 +30,10 @@ from ._common import (
 from .graphs import load_accelerator
 
 MICROBATCHES = (1, 2, 4, 8)    # model_throughput's defaults: the microbatch sizes a placement tries
+# layer_ilp.DEFAULT_BUDGET and DEFAULT_TIME_LIMIT_S (a test keeps them equal; not imported here, so that
+# importing the API stays light)
+PLACE_ILP_BUDGET = 10.0
+PLACE_ILP_TIME_LIMIT_S = 300.0
 RECOMPUTE = (False, True)
 DP_METHODS = ("auto", "dp", "milp")
 
@@ -44,13 +50,21 @@ class PlaceRequest(Request):
     fixed: tuple[int, int, int] | None = None    # fixed (p, d, t); the DP still chooses the stage split
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
     seq: int | None = None                       # sequence length (None: the preset's)
-    ilp_time_limit_s: float = 30.0               # per layer ILP (unused when sequential)
+    # the layer ILP (unused when sequential): the work budget per layer slice in deterministic seconds,
+    # which decides the answer (the same on an idle and on a busy machine), and the wall-clock safety
+    # limit per slice, which only stops a runaway solve (such slices are counted in ilp.load_dependent)
+    ilp_budget: float = PLACE_ILP_BUDGET
+    ilp_time_limit_s: float = PLACE_ILP_TIME_LIMIT_S
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
+    optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
+    sync_model: str = "exposed"                  # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
     capture_blocks: int = 3                      # leading blocks captured per stack (more where kinds need)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("sync_model", self.sync_model, SYNC_MODELS)
         check_capture_blocks(self.model, self.capture_blocks)
         load_accelerator(self.arch)
         check_int("accelerators", self.accelerators)
@@ -76,6 +90,7 @@ class PlaceRequest(Request):
                                      name, "accelerators")
         check_int("seq", self.seq, optional=True)
         check_positive_number("ilp_time_limit_s", self.ilp_time_limit_s)
+        check_positive_number("ilp_budget", self.ilp_budget)
 
 
 @dataclass
@@ -88,14 +103,17 @@ class PlaceResult(Result):
     timing_s: dict[str, float]      # graph_s, estimate_s, ilp_s, dp_s
     ilp: dict[str, Any]             # unique_solved, cache_hits, status_counts, worst_gap, gap_unknown,
     #                                 worst_slice, slices (per distinct layer slice: pass, layers, status,
-    #                                 gap, solver, peak shares, microbatch, tmp), contention and the
-    #                                 peak HBM/GLB shares; empty counts for sequential schedules
+    #                                 gap, solver, stopped_by, dtime, peak shares, microbatch, tmp),
+    #                                 stopped_by (slices per stop reason), load_dependent (slices the
+    #                                 wall clock stopped), budget, contention and the peak HBM/GLB
+    #                                 shares; empty counts for sequential schedules
     configs: list[dict[str, Any]]   # the best placement per (microbatch, HBM, recomputation)
     area_mm2: float
     accelerators: int
     global_batch: int
     schedule: str                   # "ilp" or "sequential"
     strategy: str = "dp"            # "dp" (best p, d, t), "fixed" (given p, d, t; DP split) or "expert"
+    optimizer: str = "adam"         # the optimizer whose state the HBM fit counts
 
     @property
     def feasible(self) -> bool:
@@ -130,10 +148,12 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     # model_throughput, one (microbatch, width) case at a time, so that progress and cancellation
     # reach between the layer-schedule solves
     kind = "sequential" if req.sequential else "ilp"
-    solve_kw = {} if req.sequential else {"time_limit_s": req.ilp_time_limit_s, "contention": req.contention}
+    solve_kw = {} if req.sequential else {"budget": req.ilp_budget, "time_limit_s": req.ilp_time_limit_s,
+                                          "contention": req.contention}
     pdt = req.fixed or req.expert
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
-    common = (req.accelerators, req.global_batch, "sgd", LINK_BW, req.seq, (kind,), req.capture_blocks)
+    common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,),
+              req.capture_blocks)
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
              for t in widths if t <= req.accelerators]
@@ -148,11 +168,11 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     t0 = time.perf_counter()
     if req.expert is not None:   # the same call as bench/phaze_tpuv4.py's expert column
         best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, req.hbm_gb,
-                                  RECOMPUTE, LINK_BW)
+                                  RECOMPUTE, LINK_BW, req.sync_model)
     else:
         evaluate = None if req.fixed is None else fixed_evaluator(*req.fixed)
         best, rows = sweep(layers[kind], req.accelerators, req.global_batch, req.hbm_gb, RECOMPUTE, LINK_BW,
-                           evaluate)
+                           evaluate, req.sync_model)
     if not cases:
         best.reason = (f"no microbatch size in {list(MICROBATCHES)} divides global batch {req.global_batch} "
                        f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
@@ -160,11 +180,13 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     stats.update(slice_summary(stats.get("slices", [])))
     if not req.sequential:
         stats["contention"] = req.contention
+        stats["budget"] = {"dtime_per_slice": req.ilp_budget, "wall_limit_s_per_slice": req.ilp_time_limit_s}
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"
     res = PlaceResult(**tp.summary(), area_mm2=accelerator_area_mm2(acc), accelerators=req.accelerators,
-                      global_batch=req.global_batch, schedule=kind, strategy=strategy)
+                      global_batch=req.global_batch, schedule=kind, strategy=strategy,
+                      optimizer=req.optimizer)
     steps.done(feasible=res.feasible, throughput=res.throughput)
     return res
 

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..workloads.layers import OPTIMIZERS
 from ._common import (
     ProgressFn,
     Request,
@@ -49,9 +51,14 @@ class SearchRequest(Request):
     recompute: str = "both"                 # both, stash, recompute
     seq: int | None = None
     tmp_widths: tuple[int, ...] | None = None   # TMP widths for every model (None: each model's own)
-    ilp_time_limit_s: float = 5.0           # per layer ILP
+    # per layer slice: the work budget in deterministic seconds (decides the answer) and the wall-clock
+    # safety limit (platform.settings.SEARCH_ILP_BUDGET / SEARCH_ILP_TIME_LIMIT_S; a test keeps them equal)
+    ilp_budget: float = 1.0
+    ilp_time_limit_s: float = 300.0
     # False: the paper's model (concurrently running ops each get the full HBM/GLB bandwidth)
     contention: bool = True
+    optimizer: str = "adam"                 # sgd, adam, adafactor: optimizer state in the HBM fit
+    sync_model: str = "exposed"             # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
     space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
     hysteresis: int = 6
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
@@ -67,7 +74,8 @@ class SearchRequest(Request):
         return SearchSettings(
             models=tuple(self.models), num_devices=self.accelerators, global_batch=self.global_batch,
             microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
-            seq=self.seq, ilp_time_limit_s=self.ilp_time_limit_s, contention=self.contention,
+            seq=self.seq, ilp_budget=self.ilp_budget, ilp_time_limit_s=self.ilp_time_limit_s,
+            contention=self.contention, optimizer=self.optimizer, sync_model=self.sync_model,
             space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
             tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {},
             capture_blocks=self.capture_blocks)
@@ -95,6 +103,8 @@ class SearchRequest(Request):
         check_optional_str("schedule_cache", self.schedule_cache)
         check_choice("recompute", self.recompute, tuple(sorted(RECOMPUTE)))
         check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("sync_model", self.sync_model, SYNC_MODELS)
         for name in ("microbatches", "tmp_widths"):
             v = getattr(self, name)
             if not (v is None and name == "tmp_widths") and not (
@@ -103,6 +113,7 @@ class SearchRequest(Request):
         if not (isinstance(self.hbm_gb, tuple) and self.hbm_gb and all(is_number(h) for h in self.hbm_gb)):
             raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
         check_positive_number("ilp_time_limit_s", self.ilp_time_limit_s)
+        check_positive_number("ilp_budget", self.ilp_budget)
         check_positive_number("wait_timeout_s", self.wait_timeout_s)
         if not (is_number(self.area_bucket_mm2) and self.area_bucket_mm2 >= 0):
             raise invalid("area_bucket_mm2", f"must be a number >= 0, got {self.area_bucket_mm2!r}")

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.json:
-            print(json.dumps(res, default=str))
+            print(json.dumps(api.strict_json(res), default=str, allow_nan=False))
         else:
             show(res)
     except BrokenPipeError:  # `archplace ... | head`: the reader left, nothing is wrong

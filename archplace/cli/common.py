@@ -93,6 +93,35 @@ def connect_if_needed(req, address: str | None) -> None:
         connect(address)
 
 
+OPTIMIZER_HELP = ("optimizer whose state the HBM fit counts, mixed precision as Megatron and ZeRO count it: "
+                  "adam = 2 bytes of weights + 2 of gradients + 4 of fp32 master weights + 8 of moments per "
+                  "parameter; adafactor = 2 + 2 + 4; sgd = 2 + 2 (the Phaze paper's setting)")
+SYNC_MODEL_HELP = ("gradient sync: exposed (default) charges the part of every stage's data-parallel "
+                   "AllReduce that the 1F1B schedule cannot hide; paper keeps the Phaze paper's eq. 18 (the "
+                   "first stage's sync only), for its ablation")
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """--optimizer and --sync-model: how the training step is counted (place, search)."""
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam", help=OPTIMIZER_HELP)
+    p.add_argument("--sync-model", choices=("exposed", "paper"), default="exposed", help=SYNC_MODEL_HELP)
+
+
+def add_ilp_budget_args(parser, budget: float, time_limit_s: float) -> None:
+    """``--ilp-budget`` (the work per layer-slice ILP, which decides the answer) and ``--ilp-time-limit``
+    (the wall-clock safety limit per slice) with a command's defaults."""
+    parser.add_argument("--ilp-budget", type=float, default=budget, metavar="DSEC",
+                        help="work per layer-slice ILP in deterministic seconds (CP-SAT's deterministic "
+                             "time; HiGHS: 1000 nodes per unit); the answer depends on it and not on the "
+                             "machine's load, so the same command gives the same placement on an idle and on "
+                             f"a busy machine (default {budget:g})")
+    parser.add_argument("--ilp-time-limit", type=float, default=time_limit_s, metavar="SEC",
+                        help="wall-clock safety limit per layer-slice ILP in seconds; a slice it stops "
+                             "keeps its best schedule so far and is counted as load-dependent "
+                             "(ilp.load_dependent), since that answer depends on the machine's load "
+                             f"(default {time_limit_s:g})")
+
+
 NO_CONTENTION_HELP = ("the paper's model: concurrently running ops each get the full HBM/GLB bandwidth "
                       "(default: they share it, and ops whose demand together exceeds it run one after "
                       "another)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
-from archplace.cli.common import add_model_args, arch_label, fmt_bytes, fmt_flops, model_ref
+from archplace.cli.common import OPTIMIZER_HELP, add_model_args, arch_label, fmt_bytes, fmt_flops, model_ref
 
 
 def cmd_models(args) -> dict[str, Any]:
@@ -59,7 +59,8 @@ def print_graph(res: dict[str, Any]) -> None:
 
 def cmd_estimate(args) -> dict[str, Any]:
     req = api.EstimateRequest(model_ref(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
-                              backend=args.backend, capture_blocks=args.capture_blocks)
+                              backend=args.backend, optimizer=args.optimizer,
+                              capture_blocks=args.capture_blocks)
     return api.estimate(req).to_dict()
 
 
@@ -89,6 +90,12 @@ def print_estimate(res: dict[str, Any]) -> None:
     print(f"  every op in sequence on one core : {t['sequential_single_core_s'] * 1e3:10.3f} ms "
           f"(forward {t['forward_s'] * 1e3:.3f}, backward {t['backward_s'] * 1e3:.3f})")
     print(f"  every op on all cores of its type: {t['all_cores_s'] * 1e3:10.3f} ms")
+    mem = res.get("memory")
+    if mem:
+        print(f"  training memory  {fmt_bytes(mem['total_bytes'])} per device: weights "
+              f"{fmt_bytes(mem['weight_bytes'])}, gradients {fmt_bytes(mem['gradient_bytes'])}, "
+              f"{mem['optimizer']} state {fmt_bytes(mem['optimizer_bytes'])}, activations "
+              f"{fmt_bytes(mem['activation_bytes'])}")
     print("  by core (one core): " + ", ".join(f"{k} {v * 1e3:.3f} ms"
                                                for k, v in t["by_core_single_s"].items() if v))
     top = sorted(res["ops"], key=lambda o: -o["single_core_s"])[:12]
@@ -123,4 +130,5 @@ def add_estimate_parser(sub) -> None:
     e.add_argument("--seq", type=int, default=None)
     e.add_argument("--mbs", type=int, default=1)
     e.add_argument("--tmp", type=int, default=1)
+    e.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam", help=OPTIMIZER_HELP)
     e.add_argument("--json", action="store_true")

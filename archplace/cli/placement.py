@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
-from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, arch_label, model_ref, parse_fixed
+from archplace.cli.common import (
+    NO_CONTENTION_HELP,
+    add_ilp_budget_args,
+    add_model_args,
+    add_training_args,
+    arch_label,
+    model_ref,
+    parse_fixed,
+)
 
 
 def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
@@ -30,8 +38,9 @@ def cmd_place(args) -> dict[str, Any]:
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
                            sequential=args.sequential, fixed=parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
-                           ilp_time_limit_s=args.ilp_time_limit, contention=not args.no_contention,
-                           capture_blocks=args.capture_blocks)
+                           ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit,
+                           contention=not args.no_contention, optimizer=args.optimizer,
+                           sync_model=args.sync_model, capture_blocks=args.capture_blocks)
     return api.place(req).to_dict()
 
 
@@ -59,6 +68,14 @@ def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
     n = sum(counts.values())
     print(f"  layer ILP    {n} distinct slice(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; {_gap_text(ilp)}")
+    stops, budget = ilp.get("stopped_by") or {}, ilp.get("budget") or {}
+    if stops:
+        print("  ILP stops    " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(stops.items()))
+              + (f" (budget {budget['dtime_per_slice']:g} deterministic s per slice)" if budget else ""))
+    if ilp.get("load_dependent"):
+        print(f"  warning      {ilp['load_dependent']} slice(s) stopped by the wall-clock safety limit or a "
+              "solver failure: their schedules, and so this answer, may differ on a machine under another "
+              "load; raise --ilp-time-limit (or lower --ilp-budget)")
     if ilp.get("contention") is False:
         print("  bandwidth    the paper's model: concurrent ops each get the full HBM/GLB bandwidth")
     elif ilp.get("peak_hbm_share") is not None:
@@ -79,7 +96,15 @@ def print_place(res: dict[str, Any]) -> None:
         return
     print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
     print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
-          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GB")
+          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GB, "
+          f"{res.get('optimizer', 'adam')} optimizer state")
+    worst = max(range(len(pl["stages"])), key=lambda k: pl["stages"][k]["exposed_s"], default=None)
+    if worst is not None:
+        st = pl["stages"][worst]
+        model = ("the paper's eq. 18: the first stage's AllReduce only" if pl.get("sync_model") == "paper"
+                 else "the part of each stage's AllReduce the 1F1B schedule cannot hide")
+        print(f"  grad sync    {pl['exposed_sync_s'] * 1e3:.2f} ms exposed ({model}); largest at stage "
+              f"{worst}: sync {st['sync_s'] * 1e3:.2f} ms, window {st['window_s'] * 1e3:.2f} ms")
     for i, st in enumerate(pl["stages"]):
         print(f"  stage {i:3d}    layers {st['first']}..{st['last']} ({' … '.join(st['layers'])}) on "
               f"{st['devices']} device(s), load {st['load_s'] * 1e3:.2f} ms, "
@@ -125,8 +150,9 @@ def add_place_parser(sub) -> None:
     pl.add_argument("--seq", type=int, default=None)
     pl.add_argument("--sequential", action="store_true",
                     help="layer schedules without the ILP: every op intra-op parallel in sequence")
-    pl.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds per layer ILP")
+    add_ilp_budget_args(pl, api.PlaceRequest.ilp_budget, api.PlaceRequest.ilp_time_limit_s)
     pl.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
+    add_training_args(pl)
     pl.add_argument("--json", action="store_true")
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
-from archplace.cli.common import NO_CONTENTION_HELP, add_model_args, float_list, int_list
+from archplace.cli.common import (
+    NO_CONTENTION_HELP,
+    add_ilp_budget_args,
+    add_model_args,
+    add_training_args,
+    float_list,
+    int_list,
+)
 
 
 def cmd_search(args) -> dict[str, Any]:
@@ -27,9 +34,11 @@ def cmd_search(args) -> dict[str, Any]:
         wait_timeout_s=args.wait_timeout, microbatches=int_list(args.microbatches, "--microbatches"),
         hbm_gb=float_list(args.hbm, "--hbm"), recompute=args.recompute, seq=args.seq,
         tmp_widths=int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
-        ilp_time_limit_s=args.ilp_time_limit, space=args.space, hysteresis=args.hysteresis,
+        ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit, space=args.space,
+        hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
-        contention=not args.no_contention, capture_blocks=args.capture_blocks)
+        contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
+        capture_blocks=args.capture_blocks)
     return api.search(req, terminal_progress=not args.json).to_dict()
 
 
@@ -56,6 +65,11 @@ def print_search(res: dict[str, Any]) -> None:
               + ("; worst gap unknown" if g is None else f"; worst gap {g:.1%}")
               + (f" ({at['model']} on {at['arch_label']})" if g and at else "")
               + (f"; {ilp['gap_unknown']} without a proven bound" if ilp.get("gap_unknown") else ""))
+        if ilp.get("load_dependent"):
+            print(f"  warning      {ilp['load_dependent']} slice solve(s) stopped by the wall-clock safety "
+                  "limit or a solver failure: those answers may differ on a machine under another load; "
+                  "raise "
+                  "--ilp-time-limit (or lower --ilp-budget)")
     c = res.get("common")
     if c is None:
         print("  no architecture gave a feasible placement"
@@ -125,8 +139,9 @@ def add_search_parser(sub) -> None:
     se.add_argument("--recompute", choices=sorted(api.RECOMPUTE), default="both")
     se.add_argument("--seq", type=int, default=None)
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")
-    se.add_argument("--ilp-time-limit", type=float, default=5.0, help="seconds per layer ILP")
+    add_ilp_budget_args(se, api.SearchRequest.ilp_budget, api.SearchRequest.ilp_time_limit_s)
     se.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
+    add_training_args(se)
     se.add_argument("--space", help="search-space YAML (default: the packaged Phaze Table 1 space)")
     se.add_argument("--hysteresis", type=int, default=6)
     se.add_argument("--area-bucket", type=float, default=0.01,

@@ -41,17 +41,18 @@ def expert_for(model: str, num_devices: int) -> tuple[int, int, int] | None:
 
 def dp_for_microbatch(layers_by_t: dict[int, PlacementLayers], num_devices: int, global_batch: int, mbs: int,
                       hbm_gb: tuple[float, ...], recompute: tuple[bool, ...], link_bw: float,
-                      expert_pdt: tuple[int, int, int] | None) -> dict[str, Any]:
+                      expert_pdt: tuple[int, int, int] | None, sync_model: str = "exposed") -> dict[str, Any]:
     """The placement DP for one microbatch size over HBM sizes and recomputation, and the expert
     strategy's throughput when one is given."""
     from ..algorithms.solvers.throughput import expert_sweep, sweep
 
     t0 = time.perf_counter()
-    best, _ = sweep({mbs: layers_by_t}, num_devices, global_batch, hbm_gb, recompute, link_bw)
+    best, _ = sweep({mbs: layers_by_t}, num_devices, global_batch, hbm_gb, recompute, link_bw,
+                    sync_model=sync_model)
     expert = None
     if expert_pdt is not None and expert_pdt[2] in layers_by_t:
         expert, _ = expert_sweep({mbs: layers_by_t}, expert_pdt, num_devices, global_batch, hbm_gb, recompute,
-                                 link_bw)
+                                 link_bw, sync_model)
     return {"best": best, "expert": expert, "dp_s": time.perf_counter() - t0}
 
 
@@ -110,7 +111,8 @@ def evaluate_sequential(arch: dict[str, Any], settings, graphs: dict[tuple[str, 
         t1 = time.perf_counter()
         expert = expert_for(model, settings.num_devices)
         outs = [dp_for_microbatch(lys, settings.num_devices, settings.global_batch, mbs, settings.hbm_gb,
-                                  settings.recompute, settings.link_bw_bytes_per_s, expert)
+                                  settings.recompute, settings.link_bw_bytes_per_s, expert,
+                                  settings.sync_model)
                 for mbs, lys in by_mbs.items()]
         row = {**common, **placement_row(model, outs, expert), "schedule": "sequential",
                "estimate_s": t1 - t0, "ilp_s": 0.0}

@@ -32,14 +32,15 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "stages_json": "", "expert_throughput": math.nan, "expert_pdt": "", "estimate_s": math.nan,
     "ilp_s": math.nan, "dp_s": math.nan, "total_s": math.nan, "ilp_solved": 0, "cache_hits": 0,
     "ilp_lookups": 0, "ilp_unique": 0, "ilp_status": "", "ilp_worst_gap": math.nan, "ilp_gap_unknown": 0,
-    "node_id": "", "hostname": "", "pid": None, "finished_at": math.nan,
+    "ilp_load_dependent": 0, "node_id": "", "hostname": "", "pid": None, "finished_at": math.nan,
 }
 _FLOAT_FIELDS = ("area_mm2", "throughput", "glb_mb", "time_per_batch_s", "hbm_gb", "expert_throughput",
                  "estimate_s", "ilp_s", "dp_s", "total_s", "finished_at")
 _INT_FIELDS = ("p", "d", "t", "microbatch", "num_stages", "ilp_solved", "cache_hits", "ilp_lookups",
                "ilp_unique")
 _PLACEMENT_FIELDS = ("throughput", "p", "d", "t", "microbatch", "recompute", "hbm_gb", "num_stages",
-                     "time_per_batch_s", "ilp_status", "ilp_worst_gap", "ilp_gap_unknown")
+                     "time_per_batch_s", "ilp_status", "ilp_worst_gap", "ilp_gap_unknown",
+                     "ilp_load_dependent")
 DASH = "—"
 
 
@@ -118,8 +119,8 @@ def _cell(x: Any) -> str:
 
 def _ilp_cell(e: dict[str, Any]) -> str:
     """The layer ILP's answer behind a placement: "optimal" when every slice was proven optimal (or
-    trivial), else the worst proven gap and how many slices have no bound; "sequential" when the
-    layers were not scheduled by the ILP (``--schedule sequential`` or an old file)."""
+    trivial), else the worst proven gap and how many slices have no bound; how many slices the wall
+    clock stopped (load-dependent); "sequential" without the ILP (``--schedule sequential``, old files)."""
     st = e.get("ilp_status")
     if isinstance(st, str):
         try:
@@ -128,12 +129,13 @@ def _ilp_cell(e: dict[str, Any]) -> str:
             st = {}
     if not isinstance(st, dict) or not st:
         return "sequential"
-    if set(st) <= {"optimal", "trivial"}:
-        return "optimal"
-    gap, unknown = _num(e.get("ilp_worst_gap")), _int(e.get("ilp_gap_unknown"))
-    parts = [f"worst gap {gap:.1%}"] if math.isfinite(gap) else []
-    if unknown:
+    unknown, load = (_int(e.get(f"ilp_{k}")) for k in ("gap_unknown", "load_dependent"))
+    gap, done = _num(e.get("ilp_worst_gap")), set(st) <= {"optimal", "trivial"}
+    parts = ["optimal"] if done else [f"worst gap {gap:.1%}"] if math.isfinite(gap) else []
+    if unknown and not done:
         parts.append(f"{unknown} slice{'s' if unknown != 1 else ''} without a bound")
+    if load:
+        parts.append(f"{load} slice{'s' if load != 1 else ''} stopped by the wall clock")
     return ", ".join(parts) or "not proven optimal"
 
 
@@ -437,8 +439,7 @@ def _header(s: _Search, out_dir: Path, note: str) -> list[str]:
                 for k in ("ok", "infeasible", "failed", "incomplete")}
     r_status = {k: sum(1 for r in rows if r["status"] == k) for k in ("ok", "infeasible", "failed")}
     searchers = b.get("searcher") or ", ".join(sorted({str(r["searcher"]) for r in rows if r["searcher"]}))
-    lines = ["# Architecture search report", "",
-             f"Results in `{out_dir}`.", "",
+    lines = ["# Architecture search report", "", f"Results in `{out_dir}`.", "",
              f"- **Models:** {', '.join(s.models) if s.models else DASH}",
              f"- **Accelerators (K):** {_int(b.get('num_devices')) or DASH}",
              f"- **Global batch:** {_int(b.get('global_batch')) or DASH}",

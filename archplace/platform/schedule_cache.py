@@ -10,7 +10,10 @@ Across *different* architectures of one search the keys almost never repeat (the
 architecture's latencies), which is why this replaced the central cache actor that every solve
 used to consult: it answered nearly nothing and sat on every solve's path. The first line is a
 header with the code versions that produced the makespans; a file from other versions is set
-aside (renamed ``*.stale``), not trusted.
+aside (renamed ``*.stale``), not trusted. Format 2 (work budgets, issue 28): a line is ``[key,
+makespan_s, status, gap, stopped_by, dtime]``; a slice the wall-clock safety limit or a solver
+failure stopped is not written, since its answer depends on the load of the machine that solved it
+(a later search solves it again). Files of format 1 (wall-clock limits) are set aside.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import json
 import os
 from pathlib import Path
 
-FORMAT = 1
+from ..algorithms.solvers.layer_ilp.budget import LOAD_DEPENDENT
+
+FORMAT = 2
 
 
 def code_versions() -> dict[str, str]:
@@ -34,9 +39,8 @@ class ScheduleCacheFile:
         self.note = ""
 
     def load(self) -> dict[str, list]:
-        """key -> [makespan_s, status, gap] from the file (empty when missing or from other versions);
-        gap is None where the line has none (lines written before gaps were kept) or no bound was
-        proven."""
+        """key -> [makespan_s, status, gap, stopped_by, dtime] from the file (empty when missing or from
+        other versions); gap is None where no bound was proven."""
         if not self.path.exists():
             return {}
         out: dict[str, list] = {}
@@ -54,13 +58,15 @@ class ScheduleCacheFile:
                 return {}
             for line in fh:
                 try:
-                    k, makespan, status, *rest = json.loads(line)
+                    k, makespan, status, gap, stopped_by, dtime = json.loads(line)
                 except ValueError:
                     continue   # a line cut short by a crash
-                out[k] = [float(makespan), status, rest[0] if rest else None]
+                out[k] = [float(makespan), status, gap, stopped_by, dtime]
         return out
 
     def append(self, entries: dict[str, list]) -> None:
+        """Write ``key -> [makespan_s, status, gap, stopped_by, dtime]``, less the load-dependent ones."""
+        entries = {k: v for k, v in entries.items() if v[3] not in LOAD_DEPENDENT}
         if not entries:
             return
         new = not self.path.exists()
@@ -68,4 +74,4 @@ class ScheduleCacheFile:
         with open(self.path, "a") as fh:
             if new:
                 fh.write(json.dumps({"versions": code_versions()}) + "\n")
-            fh.write("".join(json.dumps([k, *v[:3]]) + "\n" for k, v in entries.items()))
+            fh.write("".join(json.dumps([k, *v[:5]]) + "\n" for k, v in entries.items()))

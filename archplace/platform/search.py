@@ -79,6 +79,8 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
         raise ValueError(f"--hbm: need positive sizes in GB, got {list(settings.hbm_gb)}")
     if not settings.ilp_time_limit_s > 0:
         raise ValueError(f"--ilp-time-limit must be > 0, got {settings.ilp_time_limit_s}")
+    if not settings.ilp_budget > 0:
+        raise ValueError(f"--ilp-budget must be > 0 deterministic seconds, got {settings.ilp_budget}")
     for m in settings.models:
         if not settings.widths(m):
             raise ValueError(f"model {m!r}: no TMP width fits in {settings.num_devices} accelerators")

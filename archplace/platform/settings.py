@@ -9,6 +9,11 @@ from typing import Any
 
 from ..hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 
+# a search's layer-slice ILP: the work budget in deterministic seconds (``layer_ilp/budget.py``), which
+# decides the answer, and the wall-clock safety limit, which only stops a runaway solve
+SEARCH_ILP_BUDGET = 1.0
+SEARCH_ILP_TIME_LIMIT_S = 300.0
+
 
 @dataclass(frozen=True)
 class SearchSettings:
@@ -23,14 +28,21 @@ class SearchSettings:
     hbm_gb: tuple[float, ...] = (32, 64, 80)
     recompute: tuple[bool, ...] = (False, True)
     seq: int | None = None
-    optimizer: str = "sgd"
+    optimizer: str = "adam"         # sgd | adam | adafactor: optimizer state in the memory fit
+    sync_model: str = "exposed"     # gradient sync: "exposed" (1F1B overlap) or "paper" (eq. 18)
     link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
-    ilp_time_limit_s: float = 5.0
+    ilp_budget: float = SEARCH_ILP_BUDGET  # per layer slice, deterministic seconds (the answer's budget)
+    ilp_time_limit_s: float = SEARCH_ILP_TIME_LIMIT_S  # per layer slice, wall-clock safety limit
     space: dict | None = None
     tmp_widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
     schedule: str = "ilp"
     contention: bool = True  # layer ILP: concurrently running ops share the HBM/GLB bandwidth
     capture_blocks: int = 3  # leading blocks captured per stack (more where its block kinds need them)
+
+    def ilp_settings(self) -> dict[str, Any]:
+        """The ``solve_layer`` options of this search's layer slices."""
+        return {"budget": self.ilp_budget, "time_limit_s": self.ilp_time_limit_s,
+                "contention": self.contention}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -84,9 +84,11 @@ SCHEMA = pa.schema([
     # the layer-slice ILPs' answers (ILP schedule only; empty / NaN for sequential rows and for files
     # written before these columns, which load with these defaults): distinct slices per solver status
     # (JSON object), the worst proven relative gap (NaN: none known), slices not proven optimal that have
-    # no bound, and per slice its pass, layers, status, gap, solver, microbatch and TMP width (JSON list)
+    # no bound, and per slice its pass, layers, status, gap, solver, stop reason, deterministic time,
+    # microbatch and TMP width (JSON list); distinct slices per stop reason (JSON object: which limit
+    # ended each solve) and how many of them the wall-clock safety limit or a solver failure stopped
     ("ilp_status", pa.string()), ("ilp_worst_gap", pa.float64()), ("ilp_gap_unknown", pa.int64()),
-    ("ilp_slices_json", pa.string()),
+    ("ilp_slices_json", pa.string()), ("ilp_stopped_by", pa.string()), ("ilp_load_dependent", pa.int64()),
 ])
 _DEFAULTS = {pa.int64(): 0, pa.float64(): math.nan, pa.string(): "", pa.bool_(): False}
 FINISHED = ("ok", "infeasible", "failed")
@@ -127,27 +129,38 @@ def _wal_default(v: Any) -> Any:
 
 def ilp_answer(r: dict[str, Any]) -> dict[str, Any]:
     """A row's layer-ILP answer for best.json: ``ilp_status`` (distinct slices per solver status; {} for
-    sequential rows and old files) and ``ilp_worst_gap`` (None: unknown)."""
+    sequential rows and old files), ``ilp_worst_gap`` (None: unknown), ``ilp_gap_unknown``,
+    ``ilp_stopped_by`` (distinct slices per stop reason; {} for sequential rows and old files) and
+    ``ilp_load_dependent`` (slices the wall-clock safety limit or a solver failure stopped)."""
     text = r.get("ilp_status") or ""
+    stops = r.get("ilp_stopped_by") or ""
     return {"ilp_status": json.loads(text) if text else {},
             "ilp_worst_gap": _jsonable(r.get("ilp_worst_gap", math.nan)),
-            "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0)}
+            "ilp_gap_unknown": int(r.get("ilp_gap_unknown") or 0),
+            "ilp_stopped_by": json.loads(stops) if stops else {},
+            "ilp_load_dependent": int(r.get("ilp_load_dependent") or 0)}
 
 
 def ilp_overall(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Over the rows of a search: distinct slices per solver status (summed over architecture × model),
-    the worst proven gap and where it is, and how many slices have no bound. O(rows): call it once."""
+    """Over the rows of a search: distinct slices per solver status and per stop reason (summed over
+    architecture × model), the worst proven gap and where it is, how many slices have no bound and how
+    many the wall-clock safety limit or a solver failure stopped. O(rows): call it once."""
     counts: dict[str, int] = {}
-    worst, where, unknown = None, None, 0
+    stops: dict[str, int] = {}
+    worst, where, unknown, load = None, None, 0, 0
     for r in rows:
         a = ilp_answer(r)
         for k, v in a["ilp_status"].items():
             counts[k] = counts.get(k, 0) + int(v)
+        for k, v in a["ilp_stopped_by"].items():
+            stops[k] = stops.get(k, 0) + int(v)
         unknown += a["ilp_gap_unknown"]
+        load += a["ilp_load_dependent"]
         g = a["ilp_worst_gap"]
         if g is not None and (worst is None or g > worst):
             worst, where = g, {"arch_label": r["arch_label"], "model": r["model"]}
-    return {"status_counts": counts, "worst_gap": worst, "worst_gap_at": where, "gap_unknown": unknown}
+    return {"status_counts": counts, "stopped_by": stops, "load_dependent": load, "worst_gap": worst,
+            "worst_gap_at": where, "gap_unknown": unknown}
 
 
 def _identity(r: dict[str, Any]) -> tuple:

@@ -12,6 +12,7 @@ stream into the store and the searcher sees each value as soon as it exists.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -69,7 +70,7 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
                           cache: dict[str, list], timeout_s: float = 1800.0
                           ) -> tuple[float, list[dict[str, Any]], dict[str, list]]:
     """(across-model average throughput, one row per model, newly solved slices {key: [makespan,
-    status, gap]}) for one architecture under the ILP schedule, through Ray tasks.
+    status, gap, stopped_by, dtime]}) for one architecture under the ILP schedule, through Ray tasks.
 
     Counts in each row: ``ilp_lookups`` layer slices looked up; ``ilp_unique`` distinct slices of
     this architecture and model (lookups - unique is the de-duplication of repeated layers inside
@@ -77,12 +78,14 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
     (the search's schedule cache: earlier trials, resumed runs, or the worker's own memory);
     ``ilp_solved`` slices solved now; ``ilp_status`` (JSON: distinct slices per solver status),
     ``ilp_worst_gap`` (the largest proven relative gap; NaN when none is known), ``ilp_gap_unknown``
-    (slices not proven optimal without a bound) and ``ilp_slices_json`` (per slice: pass, layers, status,
-    gap, solver, microbatch, tmp).
+    (slices not proven optimal without a bound), ``ilp_stopped_by`` (JSON: distinct slices per stop
+    reason), ``ilp_load_dependent`` (slices stopped by the wall-clock safety limit or a solver
+    failure) and ``ilp_slices_json`` (per slice: pass, layers, status, gap, solver, stopped_by,
+    dtime, microbatch, tmp).
     """
     common = arch_columns(acc)
     arch = acc.to_dict()
-    ilp = {"time_limit_s": settings.ilp_time_limit_s, "contention": settings.contention}
+    ilp = settings.ilp_settings()
     t0 = time.perf_counter()
     preps = {m: prepare_task.remote(arch, settings.cases(m), settings.optimizer,
                                     settings.link_bw_bytes_per_s, ilp,
@@ -96,8 +99,8 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         for _, plan in p["cases"].values():
             problems.update(plan.problems)
     makespan = {k: float(cache[k][0]) for k in problems if k in cache}
-    # each slice's solver status and gap (cache entries of old files have no gap: None, unknown)
-    answer = {k: {"status": cache[k][1], "gap": cache[k][2] if len(cache[k]) > 2 else None}
+    # each slice's solver status, gap, stop reason and deterministic time spent
+    answer = {k: {"status": cache[k][1], "gap": cache[k][2], "stopped_by": cache[k][3], "dtime": cache[k][4]}
               for k in makespan}
     hits = set(makespan)
     todo = [(k, problems[k]) for k in problems if k not in makespan]
@@ -109,10 +112,12 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
             for r in res:
                 makespan[r["key"]] = r["makespan_s"]
                 answer[r["key"]] = {"status": r["status"], "gap": r.get("gap"),  # peaks: None from the cache
+                                    "stopped_by": r["stopped_by"], "dtime": r["dtime"],
                                     "peak_hbm_share": r.get("peak_hbm_share"),
                                     "peak_glb_share": r.get("peak_glb_share")}
                 if r["solved"]:
-                    solved[r["key"]] = [r["makespan_s"], r["status"], r.get("gap")]
+                    solved[r["key"]] = [r["makespan_s"], r["status"], r.get("gap"), r["stopped_by"],
+                                        r["dtime"]]
                     solve_s += r["solve_time_s"]
                 else:
                     hits.add(r["key"])
@@ -123,13 +128,11 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         by_mbs: dict[int, dict[int, PlacementLayers]] = {}
         for (mbs, t), (base, plan) in p["cases"].items():
             fw, bw = plan.assemble(makespan)
-            by_mbs.setdefault(mbs, {})[t] = PlacementLayers(
-                base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes, base.activation_bytes,
-                base.tensor_parallel, base.edge_src, base.edge_dst, base.edge_bytes, base.names)
+            by_mbs.setdefault(mbs, {})[t] = dataclasses.replace(base, forward_s=fw, backward_s=bw)
         expert = expert_for(m, settings.num_devices)
         dp_refs[m] = (expert, [dp_task.remote(lys, settings.num_devices, settings.global_batch, mbs,
                                               settings.hbm_gb, settings.recompute,
-                                              settings.link_bw_bytes_per_s, expert)
+                                              settings.link_bw_bytes_per_s, expert, settings.sync_model)
                                for mbs, lys in by_mbs.items()])
     for m, (expert, refs) in dp_refs.items():
         outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)
@@ -145,7 +148,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
         row = {**common, **placement_row(m, outs, expert), "schedule": "ilp",
                "ilp_status": json.dumps(summ["status_counts"], sort_keys=True),
                "ilp_worst_gap": math.nan if summ["worst_gap"] is None else float(summ["worst_gap"]),
-               "ilp_gap_unknown": int(summ["gap_unknown"]), "ilp_slices_json": json.dumps(slices),
+               "ilp_gap_unknown": int(summ["gap_unknown"]),
+               "ilp_stopped_by": json.dumps(summ["stopped_by"], sort_keys=True),
+               "ilp_load_dependent": int(summ["load_dependent"]), "ilp_slices_json": json.dumps(slices),
                "estimate_s": float(preps[m]["estimate_s"]), "ilp_s": float(t_ilp - t_est),
                "ilp_lookups": int(sum(plan.lookups for plan in plans)), "ilp_unique": len(keys),
                "ilp_solved": len(keys & set(solved)), "cache_hits": len(keys & hits),
@@ -167,7 +172,7 @@ def _indices(config: dict[str, Any], space) -> list[int]:
 def search_trainable(config: dict[str, Any], settings_dict: dict[str, Any], graphs: dict, cache: dict,
                      out_dir: str, faults: str = "", timeout_s: float = 1800.0) -> None:
     """The Tune function trainable. ``graphs`` maps (model, microbatch, TMP width) to an object ref
-    of the graph; ``cache`` is the schedule cache as the search started (key -> [makespan, status]);
+    of the graph; ``cache`` is the schedule cache as the search started (``ScheduleCacheFile.load``);
     ``faults`` is the driver's ``ARCHPLACE_FAULT_INJECT`` (trial workers do not inherit its
     environment)."""
     from ray import tune

@@ -11,7 +11,10 @@ stay short whatever the work. Each replica runs a small loop (``OperationRunner`
   entry keyed by the request's content and the code version) and carries out cancellations.
 
 Results are cached by ``sha256(kind, canonical request, source fingerprint)``: a second request
-with the same content is answered from the cache, and a code change invalidates every entry.
+with the same content is answered from the cache, and a code change invalidates every entry. The
+layer ILP stops on deterministic budgets, so an evaluation's answer does not depend on the load of
+the node that ran it; one whose slices the wall-clock safety limit stopped (``ilp.load_dependent``)
+does, and is not cached.
 """
 
 from __future__ import annotations
@@ -363,7 +366,11 @@ class OperationRunner:
                     .where(operations.c.id == op_id)
                     .values(state="DONE", result_json=text, updated_at=now, runner=None)
                 )
-                if (
+                # a placement whose layer slices the wall-clock safety limit stopped depends on the
+                # load of the machine that ran it: not an answer to give the next equal request
+                ilp = result.get("ilp") if isinstance(result, dict) else None
+                load_dependent = bool((ilp or {}).get("load_dependent"))
+                if not load_dependent and (
                     conn.execute(
                         sa.select(results_cache.c.key).where(results_cache.c.key == row["cache_key"])
                     ).first()

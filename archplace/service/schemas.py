@@ -283,8 +283,13 @@ class EvaluateRequest(Strict):
         default=None, min_length=3, max_length=3
     )  # the expert placement [p, d, t] exactly: an even block split (archplace place --expert)
     seq: int | None = Field(default=None, ge=1, le=32_768)
-    ilp_time_limit_s: Finite = Field(default=30.0, gt=0, le=120)  # archplace place's default
+    # per layer slice: the work budget in deterministic seconds (archplace place's default; it decides
+    # the answer, so equal requests give equal results on any load) and the wall-clock safety limit
+    ilp_budget: Finite = Field(default=10.0, gt=0, le=120)
+    ilp_time_limit_s: Finite = Field(default=120.0, gt=0, le=600)
     contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
+    optimizer: Literal["sgd", "adam", "adafactor"] = "adam"  # optimizer state counted in the HBM fit
+    sync_model: Literal["exposed", "paper"] = "exposed"  # gradient sync: 1F1B-exposed or eq. 18
     capture_blocks: int = Field(default=3, ge=3, le=1024)  # leading blocks captured per stack
 
     @field_validator("model")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hardware.gpu_machines import GPUMachine
+from ..workloads.ops import moved_bytes
 from . import gpu_placement_kernel as _k
 
 ADAM_STATE_FACTOR = 4  # weights + gradients + Adam's two moments, each the size of the weights
@@ -113,7 +114,7 @@ class PlacementProblem:
             if comp.shape != (n,):
                 raise ValueError(f"profiled_compute_s has shape {comp.shape}, expected ({n},)")
         else:
-            moved = nd["input_bytes"] + nd["output_bytes"] + nd["weight_bytes"]
+            moved = moved_bytes(nd)
             comp = np.maximum(nd["flops"] / machine.peak_flops_per_s, moved / machine.hbm_bytes_per_s)
             shape_only = (nd["flops"] == 0) & (nd["kind"] == "input")
             comp = np.where(shape_only, 0.0, comp + machine.kernel_launch_s)

@@ -24,6 +24,8 @@ Model, in cycles unless noted:
   GLB traffic and HBM traffic, plus a fixed launch cost.
 - **AllReduce** (TMP): a ring over ``t`` devices, ``2(t−1)/t · bytes / link_bw`` on the network,
   plus the element-wise sums on the vector cores.
+- a data-moving op (``copy``: no flops) takes its bytes' GLB and HBM time; an embedding lookup moves
+  its ids and the rows it gathers, not its table (``workloads.ops.moved_bytes``);
 - shape-only ops cost nothing.
 
 **Bandwidth shares** (``bandwidth_shares``): the layer ILP's contention model needs, per op in
@@ -49,6 +51,7 @@ import numpy as np
 from ..hardware import constants as C
 from ..hardware.accelerator import Accelerator
 from ..workloads.graph import OpGraph
+from ..workloads.ops import moved_bytes
 
 _CORE_CODE = {"none": 0, "tensor": 1, "vector": 2, "fused": 3, "comm": 4}
 
@@ -119,7 +122,7 @@ class UniqueOps:
     def from_graph(cls, g: OpGraph) -> UniqueOps:
         nd = g.nodes
         core = np.array([_CORE_CODE.get(c, 0) for c in nd["core"]], dtype=np.float64)
-        moved = (nd["input_bytes"] + nd["output_bytes"] + nd["weight_bytes"]).astype(np.float64)
+        moved = moved_bytes(nd)
         key = np.stack([core, nd["gemm_b"], nd["gemm_m"], nd["gemm_n"], nd["gemm_k"],
                         nd["vector_flops"], moved], axis=1).astype(np.float64)
         uniq, inverse = np.unique(key, axis=0, return_inverse=True)

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..hardware.presets import GPU, Cluster
 from ..workloads.graph import OpGraph
+from ..workloads.ops import moved_bytes
 
 # Optimizer-state bytes per parameter under fp16 mixed precision: fp16 weights (2) + fp16 gradients
 # (2) + fp32 master weights (4), plus Adam's two fp32 moments (8) or Adafactor's factored second
@@ -95,7 +96,7 @@ def gpu_op_time_s(nodes: dict[str, np.ndarray], gpu: GPU) -> np.ndarray:
     flops = nodes["flops"].astype(float)
     vec = nodes["vector_flops"].astype(float)
     compute = (flops - vec) / gpu.peak_tensor_flops + vec / gpu.peak_vector_flops
-    traffic = (nodes["input_bytes"] + nodes["output_bytes"] + nodes["weight_bytes"]).astype(float)
+    traffic = moved_bytes(nodes)
     return np.maximum(compute, traffic / gpu.hbm_bw)
 
 

@@ -3,7 +3,10 @@
 Rules (per forward op u):
 - GEMM ``Y = A·B`` (shape b×m×k · b×k×n): ``dA = dY·Bᵀ`` (b×m×n · b×n×k) and ``dB = Aᵀ·dY``
   (b×k×m · b×m×n), each 2·b·m·n·k flops. For a linear layer dB is the weight gradient (batch
-  folded into m). A fused GEMM first runs the gradient of its vector part.
+  folded into m) and dA reads the weights (its ``weight_bytes``); between two activations dA reads
+  B (its ``input_bytes``). A fused GEMM first runs the gradient of its vector part.
+- an embedding lookup gives a scatter-add of dY into the rows it read (read, add, write back);
+- a data-moving op (``copy``) moves the bytes back;
 - a vector op gives one gradient op of the same kind, ``bwd_flops_factor`` × its forward flops;
 - a shape-only op gives a shape-only gradient; a forward AllReduce an identity; a ``tp_copy`` the
   AllReduce of the input gradient (Megatron's copy-to-region);
@@ -62,8 +65,12 @@ def derive_backward(fwd: OpGraph) -> OpGraph:
                 first = [vg]
                 grad_in = b * m * nn * bpe
             is_linear = kind in ("linear", "conv")
+            # dA = dY·Bᵀ reads B: a linear layer's weights (``weight_bytes``), else the other operand
             da = add(u, name=f"{name}/dgrad", kind=kind, core="tensor", gemm_b=b, gemm_m=m, gemm_n=k,
-                     gemm_k=nn, flops=gemm_flops, input_bytes=grad_in, output_bytes=b * m * k * bpe)
+                     gemm_k=nn, flops=gemm_flops,
+                     input_bytes=grad_in + (0 if is_linear else b * k * nn * bpe),
+                     weight_bytes=int(nd["weight_bytes"][u]) if is_linear else 0,
+                     output_bytes=b * m * k * bpe)
             db_b, db_m = (1, b * m) if is_linear else (b, m)
             db = add(u, name=f"{name}/wgrad", kind=kind, core="tensor", gemm_b=db_b, gemm_m=k,
                      gemm_n=nn, gemm_k=db_m, flops=gemm_flops,
@@ -89,10 +96,17 @@ def derive_backward(fwd: OpGraph) -> OpGraph:
             else:
                 gk, gc, fl = "view", "none", 0.0
             saved = int(nd["saved_bytes"][u])
-            out_grad = in_b if kind != "embedding" else int(nd["weight_bytes"][u])
+            grad_in, out_grad = out_b + saved, in_b
+            if kind == "embedding":
+                # scatter-add of dY into the rows it looked up (read, add, write back): the rows are
+                # its input bytes beyond the saved ids
+                looked_up = in_b - saved
+                grad_in, out_grad, fl = out_b + saved + looked_up, looked_up, looked_up / bpe
+            elif kind == "copy":  # the bytes move back (a gather's scatter-add uses its saved indices)
+                out_grad = in_b - saved
             gid = add(u, name=f"{name}/grad", kind=gk, core=gc, flops=fl,
                       vector_flops=fl if gc in ("vector", "comm") else 0.0,
-                      input_bytes=out_b + saved, output_bytes=out_grad)
+                      input_bytes=grad_in, output_bytes=out_grad)
             entry[u] = [gid]
             arg_out[u] = {}
             saved_to[u] = [gid]

@@ -183,10 +183,13 @@ def check_parameters(g, census: Census, model: str, unread: Sequence[str] = ()) 
     parameters no captured op reads."""
     import numpy as np
 
+    from .graph import shared_extra_bytes
+
     nd = g.nodes
     fwd = ~nd["is_backward"]
     bpe = int(g.meta.get("bytes_per_element", 2))
-    total = int(nd["weight_bytes"][fwd].sum()) // bpe
+    # a tied parameter (embedding and LM head) is held by an op in each layer that reads it: once here
+    total = (int(nd["weight_bytes"][fwd].sum()) - shared_extra_bytes(g.meta)) // bpe
     if total == census.total_params:
         return
     names = list(g.meta.get("layers") or [])

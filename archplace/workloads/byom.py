@@ -29,6 +29,7 @@ from .graph import OpGraph
 from .hf_config import (
     HF_PREFIX,
     HfModel,
+    attention_heads,
     build_meta_model,
     find_layer_stacks,
     hf_model,
@@ -131,7 +132,8 @@ def from_module(module, example_inputs: Any, *, example_kwargs: Mapping[str, Any
             "family": family_name if not isinstance(tp_roles, Mapping) else "custom table",
             "seq": int(shape[1]) if len(shape) >= 2 else None, "mbs": int(shape[0]) if shape else None,
             "tmp": 1, "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
-            "num_parameters": int(num_params), "blocks": {st: _stack_len(module, st) for st in stacks}}
+            "num_parameters": int(num_params), "blocks": {st: _stack_len(module, st) for st in stacks},
+            "heads": attention_heads(cfg) if cfg is not None else {}}
     g = ops_to_graph(ops, meta, fuse=fuse, roles=table)
     if loss if loss is not None else "For" in type(module).__name__:
         g = append_loss(g)

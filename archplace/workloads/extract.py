@@ -27,7 +27,7 @@ from .ops import OP_KINDS, TENSOR_KINDS
 # aten op name (without overload) -> op kind. Anything shape-only maps to "view".
 _ATEN_KIND = {
     "linear": "linear", "addmm": "linear", "mm": "matmul", "matmul": "matmul", "bmm": "matmul",
-    "baddbmm": "matmul", "einsum": "matmul", "convolution": "conv", "conv1d": "conv",
+    "baddbmm": "matmul", "addbmm": "matmul", "einsum": "matmul", "convolution": "conv", "conv1d": "conv",
     "conv2d": "conv", "embedding": "embedding", "layer_norm": "layernorm",
     "native_layer_norm": "layernorm", "rms_norm": "layernorm", "softmax": "softmax",
     "_softmax": "softmax", "_safe_softmax": "softmax", "gelu": "gelu", "relu": "relu",
@@ -67,13 +67,17 @@ _ATEN_KIND = {
 }
 _GROUPED_MM = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 _VIEW_OPS = {
-    "view", "reshape", "_unsafe_view", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-    "contiguous", "clone", "alias", "select", "slice", "getitem", "split", "split_with_sizes",
-    "chunk", "to", "_to_copy", "t", "flatten", "detach", "unbind", "gather", "index",
-    "lift_fresh_copy", "type_as", "expand_as", "view_as", "copy", "repeat", "repeat_interleave",
-    "narrow", "index_select", "_assert_tensor_metadata", "dim", "size",
-    "numpy_T", "copy_", "unfold", "view_as_complex", "view_as_real", "real", "reshape_as",
+    "view", "_unsafe_view", "transpose", "permute", "expand", "unsqueeze", "squeeze", "alias",
+    "select", "slice", "getitem", "split", "split_with_sizes", "chunk", "t", "detach", "unbind",
+    "lift_fresh_copy", "expand_as", "view_as", "narrow", "_assert_tensor_metadata", "dim", "size",
+    "numpy_T", "unfold", "view_as_complex", "view_as_real", "real",
 }
+# ops that move data: each reads and writes its bytes (op kind "copy"); the conditional ones only
+# when they cannot return a view (a reshape of a transposed tensor, a cast that changes the dtype)
+_COPY_OPS = {"clone", "_to_copy", "copy", "copy_", "repeat", "repeat_interleave"}
+_GATHER_OPS = {"gather", "index", "index_select"}  # (data, indices...): read the elements they gather
+_COPY_UNLESS_VIEW = {"reshape", "reshape_as", "flatten", "contiguous"}
+_COPY_IF_CAST = {"to", "type_as"}
 _CONSTANT_OPS = {"arange", "zeros", "ones", "full", "scalar_tensor", "empty", "zeros_like",
                  "ones_like", "tensor", "triu", "tril", "new_ones", "new_zeros", "new_empty",
                  "new_full"}
@@ -98,6 +102,8 @@ class _Op:
     out_numel: int
     params: tuple[str, ...] = ()  # the parameters the op reads (all readers, not only the first)
     param_paths: tuple[str, ...] = ()  # their paths in the module (model.layers.0.mlp.up_proj.weight)
+    reads: tuple[tuple[str, str, int], ...] = ()  # (parameter, its path, its bytes), each once
+    table_rows: int = 0  # an embedding lookup's table rows (its vocabulary)
 
 
 def _numel(v: Any) -> int:
@@ -147,6 +153,12 @@ def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
     if target == "addmm":  # addmm(bias, x[M,K], w[K,N]) as in GPT-2's Conv1D
         x, w = shapes[1], shapes[2]
         return (1, int(x[0]), int(w[1]), int(x[1]))
+    if target == "baddbmm":  # baddbmm(bias, a[B,M,K], b[B,K,N]): BLOOM's scores with the ALiBi bias
+        a, b = shapes[1], shapes[2]
+        return (int(a[0]), int(a[1]), int(b[2]), int(a[2]))
+    if target == "addbmm":  # addbmm(bias[M,N], a[B,M,K], b[B,K,N]): a sum of B GEMMs into one output
+        a, b = shapes[1], shapes[2]
+        return (int(a[0]), int(a[1]), int(b[2]), int(a[2]))
     if target in _GROUPED_MM:  # grouped_mm(x[S,K], w[E,K,N], offs): S rows, each through one expert
         n = int(out.shape[-1])
         return (1, _numel(out) // n, n, int(shapes[0][-1]))
@@ -162,6 +174,31 @@ def _gemm(target: str, node, fx_args: list) -> tuple[int, int, int, int]:
     m = int(a[-2]) if len(a) >= 2 else 1
     batch = _numel(out) // max(m * n, 1)
     return (batch, m, n, k)
+
+
+def _moves_data(target: str, node, data) -> bool:
+    """Whether a view-like aten op moves data: always for copies and gathers; for a reshape, flatten or
+    contiguous when its input's strides admit no view of the output shape; for a cast when the dtype
+    changes (the same dtype returns its input)."""
+    if target in _COPY_OPS or target in _GATHER_OPS:
+        return True
+    out = node.meta.get("val")
+    src = getattr(data, "meta", {}).get("val") if data is not None else None
+    if getattr(out, "shape", None) is None or getattr(src, "shape", None) is None:
+        return False
+    if target in _COPY_IF_CAST:
+        return src.dtype != out.dtype
+    if target in _COPY_UNLESS_VIEW:
+        import torch
+
+        probe = torch.empty_strided(tuple(src.shape), tuple(src.stride()), dtype=src.dtype, device="meta")
+        if target == "contiguous":
+            return not probe.is_contiguous()
+        try:
+            probe.view(tuple(out.shape))
+        except RuntimeError:
+            return True
+    return False
 
 
 class UnmappedOpsError(ValueError):
@@ -185,6 +222,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
     ep = torch.export.export(model, example_args, kwargs=example_kwargs, strict=False)
     _inline_wrapped_regions(ep)
     params: dict[str, int] = {}  # placeholder name -> numel
+    shape_of: dict[str, tuple[int, ...]] = {}  # placeholder name -> shape
     fqn: dict[str, str] = {}  # placeholder name -> parameter path (model.layers.0.mlp.up_proj.weight)
     for spec in ep.graph_signature.input_specs:
         if spec.kind.name == "PARAMETER":
@@ -203,6 +241,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         if node.op == "placeholder":
             if node.name in params:
                 params[node.name] = _numel(node.meta.get("val"))
+                shape_of[node.name] = tuple(int(x) for x in getattr(node.meta.get("val"), "shape", ()))
                 live.add(node.name)
                 root[node.name] = node.name
             elif node.name in user_inputs:
@@ -223,6 +262,8 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             kind = "elementwise"
         elif target in _VIEW_OPS:
             kind = "view"
+        elif target in _COPY_OPS | _GATHER_OPS | _COPY_UNLESS_VIEW | _COPY_IF_CAST:
+            kind = "copy" if _moves_data(target, node, fx_args[0] if fx_args else None) else "view"
         else:
             kind = _ATEN_KIND.get(target)
             if kind is None:
@@ -232,13 +273,16 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             raise ValueError("scaled_dot_product_attention found: build the model with "
                              "attn_implementation='eager' so attention splits into GEMMs and softmax")
         live_args = [a for a in fx_args if a.name in live]
-        if (kind == "view" or target.endswith("_")) and live_args and all(a.name in root for a in live_args):
-            # a shape-only view or cast of a parameter (a transposed expert weight) is the
-            # parameter itself: its bytes go to the op that computes with it; so is a parameter
-            # updated in place from parameters and constants only (RWKV rescales its weights so
-            # in inference, not in a training step)
+        if (kind in ("view", "copy") or target.endswith("_")) and live_args and \
+                all(a.name in root for a in live_args):
+            # a view, cast or copy of a parameter (a transposed expert weight) is the parameter
+            # itself: its bytes go to the op that computes with it; so is a parameter updated in place
+            # from parameters and constants only (RWKV rescales its weights so in inference, not in a
+            # training step)
             root[node.name] = root[live_args[0].name]
             continue
+        if target in _GATHER_OPS and fx_args and fx_args[0].name in root:
+            kind = "embedding"  # rows of a parameter picked by live indices (weight[ids]): a lookup
         val = node.meta.get("val")
         # argument position counts activations only, so x is arg 0 of linear(x, W) and addmm(b, x, W)
         act_args = list(zip([a for a in fx_args if a.name not in root], range(len(fx_args))))
@@ -254,6 +298,8 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
             if r not in owned:
                 owned.add(r)
                 wbytes += params[r] * bytes_per_element
+        read = tuple(dict.fromkeys(root[a.name] for a in w_args))  # each parameter once per op
+        table_rows = 0
         info = OP_KINDS[kind]
         gemm = (0, 0, 0, 0)
         if kind in TENSOR_KINDS:
@@ -267,6 +313,18 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         else:
             flops = vflops = 0.0
         saved = {"input": in_bytes, "output": out_bytes}.get(info.saves, 0)
+        if kind == "embedding":
+            # a lookup reads the rows it gathers (at most the whole table), not the table: its input
+            # bytes are the ids and those rows; it keeps the ids for the backward scatter-add
+            table = sum(params[r] for r in read) * bytes_per_element
+            table_rows = int(shape_of[read[0]][0]) if read else 0
+            saved = in_bytes
+            in_bytes += min(out_bytes, table) if read else out_bytes
+        elif kind == "copy" and target in _GATHER_OPS:
+            # a gather reads the elements it picks (its output's worth) and its indices, which it
+            # keeps for the backward scatter-add
+            idx = sum(_nbytes(a.meta.get("val"), bytes_per_element) for a, _ in act_args[1:])
+            in_bytes, saved = out_bytes + idx, idx
         module = _module_path(node)
         block = _block_of(module, stack_order) if stacks is not None else None
         if stacks is None:
@@ -276,7 +334,8 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         index[node.name] = len(ops)
         ops.append(_Op(f"{module or 'model'}/{node.name}", kind, module, block, gemm, flops, vflops,
                        in_bytes, out_bytes, wbytes, saved, args, out_numel,
-                       tuple(root[a.name] for a in w_args), tuple(fqn[root[a.name]] for a in w_args)))
+                       tuple(root[a.name] for a in w_args), tuple(fqn[root[a.name]] for a in w_args),
+                       tuple((r, fqn[r], params[r] * bytes_per_element) for r in read), table_rows))
     if unmapped and not allow_unmapped_ops:
         listed = ", ".join(f"{op} (first in {mod})" for op, mod in sorted(unmapped.items()))
         raise UnmappedOpsError(
@@ -356,15 +415,77 @@ def _flat_args(args) -> list:
     return out
 
 
+SHARED_WEIGHTS = ("every_layer", "first_reader")
+
+
+def _shared_weights(ops: list[_Op], layer_of: np.ndarray, layer_names: list[str], mode: str,
+                    vocab_param: str = "") -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Each op's weight bytes and the parameters that several layers read (tied weights).
+
+    ``every_layer``: the first reader of a parameter in each layer holds its bytes, so a tied
+    embedding and LM head on different stages both hold (and read) the table; ``meta["shared_params"]``
+    lists each such parameter once ({param, bytes, layers, vocab}: its path, its bytes per device,
+    the layers holding it, whether it is the word embedding split by vocabulary), which counts every
+    parameter once (``graph.shared_extra_bytes``) and tells the placement which layers share a
+    gradient.
+    ``first_reader``: only a parameter's first reader in the graph holds it (GDP graphs, whose
+    co-location groups keep every reader of a weight on one device)."""
+    if mode not in SHARED_WEIGHTS:
+        raise ValueError(f"shared_weights {mode!r} unknown; allowed: {list(SHARED_WEIGHTS)}")
+    if mode == "first_reader":
+        return np.array([o.weight_bytes for o in ops], dtype=np.int64), []
+    wbytes = np.zeros(len(ops), dtype=np.int64)
+    held: dict[tuple[str, int], int] = {}  # (parameter, layer) -> its first reader there
+    info: dict[str, tuple[str, int]] = {}
+    for i, op in enumerate(ops):
+        for r, path, nbytes in op.reads:
+            info.setdefault(r, (path, nbytes))
+            if (r, int(layer_of[i])) not in held:
+                held[(r, int(layer_of[i]))] = i
+                wbytes[i] += nbytes
+    layers_of: dict[str, list[int]] = {}
+    for r, li in held:
+        layers_of.setdefault(r, []).append(li)
+    shared = [{"param": info[r][0], "bytes": info[r][1], "layers": [layer_names[li] for li in lis],
+               "vocab": r == vocab_param} for r, lis in layers_of.items() if len(lis) > 1]
+    return wbytes, shared
+
+
+def _vocab_ops(ops: list[_Op], layer_of: np.ndarray,
+               layer_names: list[str]) -> tuple[np.ndarray, int, str]:
+    """Ops split by vocabulary under tensor parallelism (Megatron's vocab-parallel embedding and LM
+    head) and the vocabulary: the lookups of the largest embedding table outside the blocks (the
+    word embedding), the GEMMs outside the blocks that read that table (a tied LM head), and the
+    weighted GEMMs of the ``head`` layer with one output per vocabulary entry (an untied LM head)."""
+    mask = np.zeros(len(ops), dtype=bool)
+    lookups = [o for o in ops if o.kind == "embedding" and o.block is None and o.reads]
+    if not lookups:
+        return mask, 0, ""
+    word = max(lookups, key=lambda o: sum(b for _, _, b in o.reads))
+    table, vocab = word.reads[0][0], word.table_rows
+    for i, o in enumerate(ops):
+        if o.block is not None or not o.reads:
+            continue
+        reads_table = any(r == table for r, _, _ in o.reads)
+        if o.kind == "embedding" and reads_table:
+            mask[i] = True
+        elif o.kind in TENSOR_KINDS and (reads_table or (layer_names[layer_of[i]] == "head"
+                                                         and o.gemm[2] == vocab)):
+            mask[i] = True
+    return mask, vocab, table
+
+
 def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
-                 roles: dict[str, str] | None = None) -> OpGraph:
+                 roles: dict[str, str] | None = None, shared_weights: str = "every_layer") -> OpGraph:
     """Assign layers (blocks by module path; the runs of other ops in execution order become
-    ``embed``, ``head`` or a named layer in between), fuse tensor→vector pairs, tag Megatron roles.
+    ``embed``, ``head`` or a named layer in between), tag Megatron roles, fuse tensor→vector pairs.
 
     ``roles`` is the family's tensor-parallel table (``tp_roles.TP_ROLES``): each block GEMM with a
     weight takes its role from it; the block GEMMs left without one (not in the table, or a GEMM
     without weights outside every column→row span) are listed in ``meta["tp_unknown"]``, and
-    ``slice_tensor_parallel`` refuses to slice such a graph."""
+    ``slice_tensor_parallel`` refuses to slice such a graph. The word embedding's lookups and the LM
+    head take the role ``vocab`` (``_vocab_ops``; ``meta["vocab_size"]``). ``shared_weights`` says
+    which readers of a parameter hold its bytes (``_shared_weights``)."""
     from .tp_roles import weight_role
 
     table_role = [weight_role(o.param_paths[0], roles) if o.block is not None and o.param_paths
@@ -392,6 +513,8 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
         # ops of the root module join the run they execute in; after the last block, the head (so the
         # last block holds the ops every block holds, and copies of it stay exact)
         layer_of[i] = current
+    vocab, vocab_size, table = _vocab_ops(ops, layer_of, layer_names)
+    wbytes, shared = _shared_weights(ops, layer_of, layer_names, shared_weights, table)
     # ---- edges
     src, dst, arg = [], [], []
     for i, op in enumerate(ops):
@@ -408,20 +531,21 @@ def ops_to_graph(ops: list[_Op], meta: dict[str, Any], fuse: bool = True,
         "gemm_n": [o.gemm[2] for o in ops], "gemm_k": [o.gemm[3] for o in ops],
         "flops": [o.flops for o in ops], "vector_flops": [o.vector_flops for o in ops],
         "input_bytes": [o.in_bytes for o in ops], "output_bytes": [o.out_bytes for o in ops],
-        "weight_bytes": [o.weight_bytes for o in ops], "saved_bytes": [o.saved_bytes for o in ops],
-        "tp_role": np.array([r if r in ("col", "row") else "" for r in table_role], dtype=object),
+        "weight_bytes": wbytes, "saved_bytes": [o.saved_bytes for o in ops],
+        "tp_role": np.array(["vocab" if v else r if r in ("col", "row") else ""
+                             for r, v in zip(table_role, vocab)], dtype=object),
     }
     out_bytes = np.array([o.out_bytes for o in ops], dtype=np.int64)
     edges = {"src": src_a, "dst": dst_a, "bytes": out_bytes[src_a] if len(src_a) else [], "arg": arg}
-    meta = dict(meta, layers=layer_names)
+    meta = dict(meta, layers=layer_names, shared_params=shared, vocab_size=vocab_size)
     g = OpGraph.from_columns(cols, edges, meta)
-    if fuse:
-        from .transforms import fuse_tensor_vector
+    from .transforms import fuse_tensor_vector, tag_tensor_parallel
 
-        g = fuse_tensor_vector(g)
-    from .transforms import tag_tensor_parallel
-
+    # roles first: an activation feeding a fused pair's vector part (the gate of a gated FFN into
+    # ``up_proj+mul``) lies between the column and the row GEMM, which only the unfused graph shows
     g = tag_tensor_parallel(g)
+    if fuse:
+        g = fuse_tensor_vector(g)
     # block GEMMs with no known role: weighted ones the table misses, weightless ones outside
     # every column→row span (node ids are op indices; a fused node keeps its GEMM's id)
     nd = g.nodes

@@ -75,14 +75,21 @@ NODE_COLUMNS: dict[str, Any] = {
     "weight_bytes": np.int64,  # parameters read
     "saved_bytes": np.int64,  # activations the forward op keeps for its backward pass
     "fwd_id": np.int64,  # for a backward op: the forward op it differentiates; -1 otherwise
-    "tp_role": object,  # Megatron role: "" replicated, "col", "row", "shard"
+    "tp_role": object,  # Megatron role: "" replicated, "col", "row", "shard", "vocab" (split by vocabulary)
 }
 EDGE_COLUMNS: dict[str, Any] = {"src": np.int64, "dst": np.int64, "bytes": np.int64, "arg": np.int16}
 
 _SIZE_COLUMNS = ("gemm_b", "gemm_m", "gemm_n", "gemm_k", "flops", "vector_flops", "input_bytes",
                  "output_bytes", "weight_bytes", "saved_bytes")
-_TP_ROLES = ("", "col", "row", "shard")
+_TP_ROLES = ("", "col", "row", "shard", "vocab")
 _PARQUET_META_KEY = b"archplace.opgraph"
+
+
+def shared_extra_bytes(meta: dict[str, Any]) -> int:
+    """Bytes counted more than once in the forward ops' ``weight_bytes``: a parameter that several
+    layers read (a tied embedding and LM head) is held by one op in each of them
+    (``meta["shared_params"]``, per device), so subtracting this counts every parameter once."""
+    return int(sum(int(p["bytes"]) * (len(p["layers"]) - 1) for p in meta.get("shared_params") or ()))
 
 
 def _json_default(x: Any) -> Any:
@@ -304,7 +311,8 @@ class OpGraph:
             "edges": int(self.num_edges),
             "forward_flops": float(self.nodes["flops"][fwd].sum()),
             "backward_flops": float(self.nodes["flops"][~fwd].sum()),
-            "weight_bytes": int(self.nodes["weight_bytes"][fwd].sum()),
+            # every parameter once, although each layer reading a tied weight holds a copy
+            "weight_bytes": int(self.nodes["weight_bytes"][fwd].sum()) - shared_extra_bytes(self.meta),
             "activation_bytes": int(self.nodes["saved_bytes"][fwd].sum()),
         }
 

@@ -170,6 +170,19 @@ def find_layer_stacks(module, depths: Iterable[int] = ()) -> list[tuple[str, int
     return found
 
 
+def attention_heads(cfg) -> dict[str, int]:
+    """The query and KV heads of a ``transformers`` config ({} when it names none): what a
+    tensor-parallel width must divide. KV heads: ``num_key_value_heads`` (GQA), ``num_kv_heads``, one
+    for a multi-query model, else the query heads."""
+    heads = getattr(cfg, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return {}
+    kv = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None)
+    if not isinstance(kv, int) or kv < 1:
+        kv = 1 if getattr(cfg, "multi_query", False) is True else heads
+    return {"num_attention_heads": heads, "num_key_value_heads": kv}
+
+
 # ---------------------------------------------------------------------- the model behind hf:PATH
 @dataclass(frozen=True)
 class HfModel:
@@ -282,11 +295,9 @@ def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
         seq = min(int(max_pos), _DEFAULT_MAX_SEQ) if isinstance(max_pos, int) and max_pos > 0 else 512
     widths: tuple[int, ...] = (1,)
     if cfg.model_type in TP_ROLES:
-        heads = getattr(cfg, "num_attention_heads", None)
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        heads = attention_heads(cfg)
         ffn = getattr(cfg, "intermediate_size", None)
-        widths = tuple(t for t in _TMP_CANDIDATES
-                       if all(isinstance(v, int) and v % t == 0 for v in (heads, kv) if v is not None)
+        widths = tuple(t for t in _TMP_CANDIDATES if all(v % t == 0 for v in heads.values())
                        and (not isinstance(ffn, int) or ffn % t == 0))
     return HfModel(name=ref, family=cfg.model_type, model_class=cls.__name__, seq_len=int(seq),
                    tmp_widths=widths, source=f"transformers {transformers.__version__} {cls.__name__} "

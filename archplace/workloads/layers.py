@@ -13,10 +13,24 @@ import numpy as np
 
 from .graph import OpGraph
 
-# Optimizer state per byte of parameters. "sgd": plain SGD keeps none (the Phaze solver's default);
-# "adam": one extra copy as in the Phaze DP ("Adam" = parameter size); "adam-mixed": fp32 master
-# weights plus two fp32 moments for fp16 parameters, 12 bytes per 2-byte parameter (ZeRO paper, §3.1).
-OPTIMIZER_STATE_PER_PARAM_BYTE = {"sgd": 0.0, "adam": 1.0, "adam-mixed": 6.0}
+# Optimizer state per parameter, beside the parameter and its gradient (each in the graph's precision),
+# as Megatron and ZeRO count mixed-precision training (Rajbhandari et al. 2020, §3.1: 2 + 2 + 12 bytes
+# per parameter for Adam): an fp32 master copy when parameters are narrower than fp32, plus
+# Adam's two fp32 moments; Adafactor (Shazeer & Stern 2018, without momentum, T5's setting) keeps only
+# factored second moments, O(rows + columns), which we count as 0; plain SGD keeps nothing (the Phaze
+# paper's setting).
+OPTIMIZERS = ("sgd", "adam", "adafactor")
+MASTER_COPY_BYTES = 4                     # fp32 master weights, when parameters are narrower
+MOMENT_BYTES = {"sgd": 0, "adam": 8, "adafactor": 0}
+
+
+def optimizer_bytes_per_param(optimizer: str, bytes_per_element: int) -> float:
+    """Optimizer-state bytes per parameter (not counting the parameter and its gradient)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer == "sgd":
+        return 0.0
+    return float((MASTER_COPY_BYTES if bytes_per_element < 4 else 0) + MOMENT_BYTES[optimizer])
 
 _HASH_NODE_COLUMNS = ("kind", "core", "is_backward", "gemm_b", "gemm_m", "gemm_n", "gemm_k", "flops",
                       "vector_flops", "input_bytes", "output_bytes", "weight_bytes", "saved_bytes",
@@ -43,10 +57,33 @@ class LayerGraph:
     edge_bytes: np.ndarray
     structural_hash: tuple[str, ...]
     optimizer: str
+    # tied weights: one entry per parameter that several layers hold (an embedding and its tied LM
+    # head): (the layers holding it, its bytes per device). ``param_bytes`` counts it in each of them
+    # (each stage holding one of them keeps a copy, its gradient and its optimizer state); their
+    # gradients are summed by an AllReduce between the stages holding them.
+    tied_groups: tuple[tuple[tuple[int, ...], int], ...] = ()
 
     @property
     def num_layers(self) -> int:
         return len(self.names)
+
+    @property
+    def tied_bytes(self) -> np.ndarray:
+        """Per layer, the bytes of its parameters that other layers hold too (0 for most layers)."""
+        out = np.zeros(self.num_layers, dtype=np.int64)
+        for layers, nbytes in self.tied_groups:
+            out[list(layers)] += nbytes
+        return out
+
+    def unique_param_bytes(self, layers: np.ndarray | list[int] | None = None) -> int:
+        """Parameter bytes of ``layers`` (default all) with each tied parameter counted once: what
+        one device holding all of them keeps."""
+        sel = np.arange(self.num_layers) if layers is None else np.asarray(layers, dtype=np.int64)
+        total = int(self.param_bytes[sel].sum())
+        chosen = set(sel.tolist())
+        for group, nbytes in self.tied_groups:
+            total -= nbytes * max(len(chosen.intersection(group)) - 1, 0)
+        return total
 
     def repeat_groups(self) -> list[list[int]]:
         """Layers with equal structural hashes, in first-appearance order (singletons included)."""
@@ -63,9 +100,9 @@ class LayerGraph:
             np.all(self.edge_src < self.edge_dst))
 
 
-def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
-    if optimizer not in OPTIMIZER_STATE_PER_PARAM_BYTE:
-        raise ValueError(f"optimizer {optimizer!r} unknown; allowed: {list(OPTIMIZER_STATE_PER_PARAM_BYTE)}")
+def layer_graph(g: OpGraph, optimizer: str = "adam") -> LayerGraph:
+    bpe = int(g.meta.get("bytes_per_element", 2) or 2)
+    state_per_param_byte = optimizer_bytes_per_param(optimizer, bpe) / bpe
     names = tuple(g.meta.get("layers", ()))
     if not names:
         raise ValueError(f"graph {g.meta.get('model')!r} has no layers (meta['layers'] is empty)")
@@ -91,7 +128,7 @@ def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
     return LayerGraph(
         names=names,
         param_bytes=params,
-        optimizer_bytes=(params * OPTIMIZER_STATE_PER_PARAM_BYTE[optimizer]).astype(np.int64),
+        optimizer_bytes=(params * state_per_param_byte).astype(np.int64),
         activation_bytes=per_layer(nd["saved_bytes"], fwd).astype(np.int64),
         forward_flops=per_layer(nd["flops"], fwd),
         backward_flops=per_layer(nd["flops"], ~fwd),
@@ -101,7 +138,20 @@ def layer_graph(g: OpGraph, optimizer: str = "sgd") -> LayerGraph:
         edge_bytes=ebytes,
         structural_hash=structural_hashes(g),
         optimizer=optimizer,
+        tied_groups=tied_groups(g),
     )
+
+
+def tied_groups(g: OpGraph) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """``LayerGraph.tied_groups`` from the graph's ``meta["shared_params"]`` (layer names to indices)."""
+    names = list(g.meta.get("layers", ()))
+    out = []
+    for p in g.meta.get("shared_params") or ():
+        missing = [n for n in p["layers"] if n not in names]
+        if missing:
+            raise ValueError(f"shared parameter {p['param']!r}: layers {missing} are not in the graph")
+        out.append((tuple(names.index(n) for n in p["layers"]), int(p["bytes"])))
+    return tuple(out)
 
 
 def structural_hashes(g: OpGraph) -> tuple[str, ...]:

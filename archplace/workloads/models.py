@@ -13,7 +13,7 @@ from typing import Any
 from .backward import derive_backward
 from .extract import UnmappedOpsError, capture_ops, ops_to_graph
 from .graph import OpGraph
-from .hf_config import hf_model, is_hf_ref
+from .hf_config import attention_heads, hf_model, is_hf_ref
 from .transforms import slice_tensor_parallel
 
 CAPTURE_BLOCKS = 3  # default leading blocks captured per stack (more where the block kinds need them)
@@ -225,6 +225,7 @@ def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, captur
             f"{p.model_class}", "family": p.family, "seq": seq, "mbs": mbs, "tmp": 1,
             "bytes_per_element": bytes_per_element, "unmapped_ops": unmapped,
             "captured_blocks": captured, "blocks": dict(stacks),
+            "heads": attention_heads(p.make_config()),
             "block_kinds": {st: list(census.stacks[st].kinds) for st in stacks}}
     g = ops_to_graph(ops, meta, fuse=fuse, roles=p.roles)
     missing = [f"{st}.{j}" for st, n in captured.items() for j in range(n)

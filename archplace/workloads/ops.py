@@ -1,14 +1,17 @@
 """Operator kinds, their core classes and how each kind behaves in training.
 
 The mapping follows Phaze (spec ``phaze.md`` §3.2 and §11.2): GEMM-like ops run on tensor cores,
-element-wise / normalisation / reduction ops on vector cores, shape-only ops cost nothing, and
-collectives are communication. A tensor op fused with the vector op that follows it runs on a
-"fused" core (a tensor core paired with a vector core).
+element-wise / normalisation / reduction ops on vector cores, data-moving ops (copies, gathers) on
+vector cores for their bytes alone, shape-only ops cost nothing, and collectives are communication.
+A tensor op fused with the vector op that follows it runs on a "fused" core (a tensor core paired
+with a vector core).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 CORE_CLASSES = ("tensor", "vector", "fused", "comm", "none")
 
@@ -61,6 +64,9 @@ _KINDS = [
     OpKind("batchnorm", "vector", saves="input", bwd_flops_factor=2.0, flops_per_element=4.0),
     OpKind("cross_entropy", "vector", saves="output", bwd_flops_factor=1.0, flops_per_element=5.0),
     OpKind("elementwise", "vector", saves="input", bwd_flops_factor=1.0),
+    # data movement (clone, casts, gathers, reshapes that cannot be views): no arithmetic, only its
+    # bytes read and written; its gradient moves the bytes back (a scatter-add for a gather)
+    OpKind("copy", "vector", saves="none", bwd_flops_factor=0.0, flops_per_element=0.0),
     # communication (Megatron tensor-model parallelism)
     OpKind("allreduce", "comm"),
     # shape-only / bookkeeping ops: no compute
@@ -73,6 +79,14 @@ _KINDS = [
 
 OP_KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}
 TENSOR_KINDS = frozenset(k.name for k in _KINDS if k.core == "tensor")
+
+
+def moved_bytes(nodes: dict) -> np.ndarray:
+    """Bytes each op moves between memory and the cores: its activations in and out and the parameters
+    it reads. An embedding lookup holds its table (``weight_bytes``, for memory) but reads only the
+    rows it gathers, which its ``input_bytes`` already count (with the ids), so its table is left out."""
+    w = np.where(nodes["kind"] == "embedding", 0, nodes["weight_bytes"])
+    return (nodes["input_bytes"] + nodes["output_bytes"] + w).astype(np.float64)
 
 
 def op_kind(name: str) -> OpKind:

@@ -13,8 +13,10 @@ the longest matching key wins). Roles:
 GEMMs without weights (the attention score and context GEMMs) take ``shard`` from their place between
 a column and a row GEMM (``transforms.tag_tensor_parallel``). A block GEMM that is neither in the table
 nor between a column and a row GEMM has no known role: the graph records it in
-``meta["tp_unknown"]`` and slicing it at a width > 1 is an error naming it. GEMMs outside the blocks
-(embeddings, LM head, pooler, classifier) stay whole on every device.
+``meta["tp_unknown"]`` and slicing it at a width > 1 is an error naming it. Outside the blocks, the
+word embedding and the LM head split by vocabulary (role ``vocab``, found at capture by
+``extract._vocab_ops``, not by this table); the rest (position embeddings, pooler, classifier) stays
+whole on every device.
 
 ``tests/test_byom.py`` checks every family of this table on a small configuration.
 """

@@ -199,7 +199,64 @@ def replicate_blocks(g: OpGraph, stack: str, captured: int, total: int) -> OpGra
     cols["fwd_id"] = np.where(fwd >= 0, renumber(np.maximum(fwd, old_ids.min())), -1)
     cols["id"] = np.arange(len(order), dtype=np.int64)
     meta = dict(g.meta, layers=new_layer_names)
+    if g.meta.get("shared_params"):  # a parameter the last block reads is read by every copy too
+        copies = [f"{stack}.{captured + j}" for j in range(extra)]
+        meta["shared_params"] = [dict(p, layers=list(p["layers"]) + copies) if last_name in p["layers"]
+                                 else p for p in g.meta["shared_params"]]
     return OpGraph(cols, edges, meta)
+
+
+HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
+
+
+def check_head_widths(meta: dict, t: int) -> None:
+    """A tensor-parallel width must divide the query heads and the KV heads (``meta["heads"]``, from
+    the model's config); one line naming the field and the widths allowed otherwise."""
+    heads = meta.get("heads") or {}
+    for field_name, n in heads.items():
+        if int(n) % t:
+            allowed = [w for w in (2 ** i for i in range(12)) if all(int(v) % w == 0 for v in heads.values())]
+            raise ValueError(f"tmp width {t} does not divide field {field_name!r} = {n} of model "
+                             f"{meta.get('model')!r}; allowed widths: {allowed}")
+
+
+def _slice_vocab(g: OpGraph, nd: dict[str, np.ndarray], t: int):
+    """Megatron's vocab-parallel embedding, LM head and cross-entropy at width ``t`` (in place on
+    ``nd``): each device holds ``V' = ceil(V/t)`` of the ``V`` vocabulary rows. The embedding keeps its
+    output (zeros for ids outside its rows, summed by an AllReduce) and reads ``V'/V`` of the rows;
+    the LM head computes ``V'`` logits per token; the ops after it in its layer (the cross-entropy)
+    do ``V'/V`` of their work. Returns the LM head GEMMs, the ops after them, each cross-entropy row
+    with its tokens, and the meta update (shared parameters' bytes per device)."""
+    role, core = nd["tp_role"], nd["core"]
+    vocab = role == "vocab"
+    none = np.zeros(g.num_nodes, dtype=bool)
+    V = int(g.meta.get("vocab_size") or 0)
+    if not vocab.any() or V <= 0:
+        return none, none, [], {}
+    Vp = -(-V // t)
+    gemm = vocab & np.isin(core, ("tensor", "fused"))
+    lookup = vocab & (nd["kind"] == "embedding")
+    after = _same_layer_reach(g, gemm, False, stop=none) & ~gemm if gemm.any() else none
+    ce = after & (nd["kind"] == "cross_entropy")
+    bpe = int(g.meta.get("bytes_per_element", 2))
+    cross_entropy = [(int(r), int(nd["input_bytes"][r]) // (bpe * V)) for r in np.flatnonzero(ce)]
+
+    def scale(c: str, mask: np.ndarray) -> None:
+        if nd[c].dtype.kind == "f":
+            nd[c][mask] = nd[c][mask] * Vp / V
+        else:
+            nd[c][mask] = -(-nd[c][mask] * Vp // V)
+    rows_read = nd["input_bytes"] - nd["saved_bytes"]  # a lookup's input: its ids (saved) and rows
+    scale("weight_bytes", gemm | lookup)
+    nd["input_bytes"][lookup] = nd["saved_bytes"][lookup] + -(-rows_read[lookup] * Vp // V)
+    for c in ("gemm_n", "flops", "vector_flops", "output_bytes"):
+        scale(c, gemm)
+    for c in ("flops", "vector_flops", "input_bytes", "saved_bytes"):
+        scale(c, after)
+    scale("output_bytes", after & ~ce)  # the loss stays one number
+    shared = [dict(p, bytes=-(-int(p["bytes"]) * Vp // V)) if p.get("vocab") else p
+              for p in g.meta.get("shared_params") or ()]
+    return gemm, after, cross_entropy, {"shared_params": shared, "vocab_per_device": Vp}
 
 
 def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
@@ -209,10 +266,13 @@ def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
     reduction dimension and are followed by a forward AllReduce of their output; ops between them
     (attention heads, the MLP hidden activation) carry 1/t of their work. Before the column GEMMs
     a ``tp_copy`` node stands for Megatron's copy-to-region: identity forward, AllReduce of the
-    input gradient in backward.
+    input gradient in backward. The word embedding, the LM head and the cross-entropy split by
+    vocabulary (``_slice_vocab``). The width must divide the query and the KV heads
+    (``check_head_widths``), whatever the microbatch.
     """
     if t < 1 or t & (t - 1):
         raise ValueError(f"tmp width must be a power of two >= 1, got {t}")
+    check_head_widths(g.meta, t)
     meta = dict(g.meta, tmp=t)
     if t == 1:
         return OpGraph(dict(g.nodes), dict(g.edges), meta)
@@ -242,7 +302,16 @@ def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
 
     check(col, "gemm_n")
     check(row, "gemm_k")
-    check(shard & (nd["gemm_b"] > 0), "gemm_b")
+    # heads per sample (the microbatch multiplies the batch of the attention GEMMs, not the heads)
+    mbs = int(g.meta.get("mbs") or 1)
+    per_sample = np.where(nd["gemm_b"] % mbs == 0, nd["gemm_b"] // mbs, nd["gemm_b"])
+    bad = shard & (per_sample > 0) & (per_sample % t != 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"node {nd['id'][i]} ({nd['name'][i]}): field 'gemm_b' = {nd['gemm_b'][i]} "
+                         f"({per_sample[i]} heads per sample) is not divisible by tmp width {t}")
+    vocab_gemm, vocab_next, cross_entropy, vmeta = _slice_vocab(g, nd, t)
+    meta.update(vmeta)
     nd["gemm_n"][col] //= t
     nd["gemm_k"][row] //= t
     nd["gemm_b"][shard] //= t
@@ -282,9 +351,42 @@ def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
         add_dst.append(ar)
         add_b.append(ob)
         add_a.append(0)
-    # copy-to-region before the column GEMMs, one per (producer, layer)
+    # AllReduce after a vocab-parallel embedding (each device looked up its rows, zeros elsewhere)
+    for r in np.flatnonzero(role == "vocab"):
+        if nd["kind"][r] != "embedding":
+            continue
+        ar = next_id
+        next_id += 1
+        ob = int(nd["output_bytes"][r])
+        new_rows.append(dict(id=ar, name=f"{nd['name'][r]}/allreduce", kind="allreduce", core="comm",
+                             layer=nd["layer"][r], input_bytes=ob, output_bytes=ob,
+                             flops=ob / bpe * (t - 1) / t, vector_flops=ob / bpe * (t - 1) / t))
+        e_src[src == r] = ar
+        add_src.append(ids[r])
+        add_dst.append(ar)
+        add_b.append(ob)
+        add_a.append(0)
+    # the vocab-parallel cross-entropy's three AllReduces of one fp32 number per token (Megatron:
+    # the logits' maximum, the predicted logit, the sum of exponentials), one after the other
+    for r, tokens in cross_entropy:
+        prev = ids[r]
+        ob = 4 * tokens
+        for what in ("max", "predicted", "sum_exp"):
+            ar = next_id
+            next_id += 1
+            new_rows.append(dict(id=ar, name=f"{nd['name'][r]}/allreduce_{what}", kind="allreduce",
+                                 core="comm", layer=nd["layer"][r], input_bytes=ob, output_bytes=ob,
+                                 flops=tokens * (t - 1) / t, vector_flops=tokens * (t - 1) / t))
+            add_src.append(prev)
+            add_dst.append(ar)
+            add_b.append(ob)
+            add_a.append(0)
+            prev = ar
+        e_src[src == r] = prev
+    # copy-to-region before the column GEMMs (and the vocab-parallel LM head), one per (producer, layer)
     copies: dict[tuple[int, int], int] = {}
-    for e in np.flatnonzero(col[dst] & ~col[src] & ~shard[src]):
+    into = col | vocab_gemm
+    for e in np.flatnonzero(into[dst] & ~into[src] & ~shard[src] & ~vocab_next[src]):
         s, d = int(src[e]), int(dst[e])
         key = (s, int(nd["layer"][d]))
         if key not in copies:

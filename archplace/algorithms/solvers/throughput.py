@@ -6,6 +6,7 @@ Everything here is plain Python (no Ray); the platform wraps it into actors and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,9 @@ from ...hardware.constants import PHAZE_LINK_BW_BYTES_PER_S
 from ...simulators.estimate import estimate_graph
 from ...workloads.graph import OpGraph
 from ...workloads.layers import layer_graph
-from .placement import Placement, PlacementLayers, TrainingSetup, best_placement, expert_placement
+from .expert import expert_placement
+from .layer_ilp.budget import LOAD_DEPENDENT
+from .placement import Placement, PlacementLayers, TrainingSetup, best_placement
 
 
 def layer_times_sequential(g: OpGraph, all_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,10 +55,12 @@ def _gap(x: Any) -> float | None:
 def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()) -> list[dict[str, Any]]:
     """One entry per distinct layer slice (key) that the ILP answered: the pass, the layers that
     share it, the solver's status (optimal, feasible, fallback, trivial), its proven relative gap
-    (None when no bound is known), its solver, and the schedule's peak summed HBM and GLB shares
-    (``peak_hbm_share``/``peak_glb_share``: None when the slice was solved without shares).
-    ``schedules`` maps key to a ``LayerSchedule`` or to a dict with ``status`` and ``gap`` (and
-    optionally the peaks)."""
+    (None when no bound is known), its solver, which limit stopped it (``stopped_by``: optimal,
+    gap_target, deterministic_limit, wall_limit, ...; ``layer_ilp.STOP_REASONS``; None when not
+    known), the deterministic seconds of its budget it spent (``dtime``), and the schedule's peak
+    summed HBM and GLB shares (``peak_hbm_share``/``peak_glb_share``: None when the slice was solved
+    without shares). ``schedules`` maps key to a ``LayerSchedule`` or to a dict with ``status`` and
+    ``gap`` (and optionally ``stopped_by``, ``dtime`` and the peaks)."""
     out: dict[str, dict[str, Any]] = {}
     for pas in ("forward", "backward"):
         for li, key in enumerate(keys[pas]):
@@ -65,6 +70,7 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
             get = s.get if isinstance(s, dict) else (lambda k, _s=s: getattr(_s, k, None))
             e = out.setdefault(key, {"key": key[:16], "pass": pas, "layers": [], "status": get("status"),
                                      "gap": _gap(get("gap")), "solver": get("solver"),
+                                     "stopped_by": get("stopped_by") or None, "dtime": _gap(get("dtime")),
                                      "peak_hbm_share": _gap(get("peak_hbm_share")),
                                      "peak_glb_share": _gap(get("peak_glb_share"))})
             e["layers"].append(names[li] if li < len(names) else str(li))
@@ -72,15 +78,21 @@ def slice_report(keys: dict[str, list[str]], schedules: dict[str, Any], names=()
 
 
 def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    """``status_counts`` (slices per solver status), ``worst_gap`` (the largest proven relative gap,
-    0.0 when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not
-    proven optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
+    """``status_counts`` (slices per solver status), ``stopped_by`` (slices per stop reason: which
+    limit ended each solve; "unknown" for entries that do not say), ``load_dependent`` (slices that
+    the wall-clock safety limit or a solver failure stopped: their answers, and so this result, may
+    differ on a machine under another load), ``worst_gap`` (the largest proven relative gap, 0.0
+    when every slice is optimal, None when there are no slices), ``gap_unknown`` (slices not proven
+    optimal whose gap is unknown), ``worst_slice`` (the entry with the worst gap) and
     ``peak_hbm_share``/``peak_glb_share`` (the largest peak summed bandwidth share over the slices
     that report one; None when none does, e.g. the paper's model without contention)."""
     counts: dict[str, int] = {}
+    stops: dict[str, int] = {}
     worst, worst_slice, unknown = None, None, 0
     for e in slices:
         counts[e["status"]] = counts.get(e["status"], 0) + 1
+        why = e.get("stopped_by") or "unknown"
+        stops[why] = stops.get(why, 0) + 1
         g = e["gap"]
         if g is None:
             if e["status"] not in ("optimal", "trivial"):
@@ -92,12 +104,13 @@ def slice_summary(slices: list[dict[str, Any]]) -> dict[str, Any]:
         worst = 0.0
     peaks = {f: max((e[f] for e in slices if e.get(f) is not None), default=None)
              for f in ("peak_hbm_share", "peak_glb_share")}
-    return {"status_counts": counts, "worst_gap": worst, "gap_unknown": unknown,
-            "worst_slice": worst_slice, **peaks}
+    return {"status_counts": counts, "stopped_by": stops,
+            "load_dependent": sum(stops.get(k, 0) for k in LOAD_DEPENDENT), "worst_gap": worst,
+            "gap_unknown": unknown, "worst_slice": worst_slice, **peaks}
 
 
 def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: Accelerator | None = None,
-                     sequential: bool = False, optimizer: str = "sgd",
+                     sequential: bool = False, optimizer: str = "adam",
                      **solve_kw: Any) -> PlacementLayers:
     """The DP's input for one graph (one TMP width and microbatch)."""
     if sequential:
@@ -112,7 +125,8 @@ def placement_layers(g: OpGraph, single_s: np.ndarray, all_s: np.ndarray, acc: A
     sliced = g.nodes["tp_role"] != ""
     tp[np.unique(g.nodes["layer"][sliced])] = True
     return PlacementLayers(int(g.meta.get("tmp", 1) or 1), fw, bw, lg.param_bytes, lg.optimizer_bytes,
-                           lg.activation_bytes, tp, lg.edge_src, lg.edge_dst, lg.edge_bytes, lg.names)
+                           lg.activation_bytes, tp, lg.edge_src, lg.edge_dst, lg.edge_bytes, lg.names,
+                           getattr(lg, "tied_bytes", None))
 
 
 @dataclass
@@ -135,7 +149,7 @@ class ThroughputResult:
 
 
 def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_widths=None,
-                   num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "sgd",
+                   num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "adam",
                    link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, seq: int | None = None,
                    schedules=("ilp",), capture_blocks: int = 3,
                    **solve_kw: Any) -> tuple[dict, dict[str, float], dict[str, Any]]:
@@ -173,31 +187,36 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
                     for k in ("unique_solved", "cache_hits"):
                         stats[k] += int(info.get(k, 0))
                     stats["slices"] += [{**e, "microbatch": mbs, "tmp": t} for e in info["slices"]]
-                    ly = PlacementLayers(base.tmp, fw, bw, base.weight_bytes, base.optimizer_bytes,
-                                         base.activation_bytes, base.tensor_parallel, base.edge_src,
-                                         base.edge_dst, base.edge_bytes, base.names)
+                    ly = dataclasses.replace(base, forward_s=fw, backward_s=bw)
                 out[kind].setdefault(mbs, {})[t] = ly
     return out, timing, stats
 
 
 def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int, global_batch: int,
           hbm_gb=(32, 64, 80), recompute=(False, True), link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
-          evaluate=None) -> tuple[Placement, list[dict[str, Any]]]:
+          evaluate=None, sync_model: str = "exposed") -> tuple[Placement, list[dict[str, Any]]]:
     """Best placement over microbatch, HBM size and recomputation. ``evaluate(layers_by_t, setup)``
-    defaults to the DP over TMP widths (``best_placement``)."""
+    defaults to the DP over TMP widths (``best_placement``); ``sync_model`` charges the gradient sync
+    (``grad_sync.py``: "exposed", or the paper's eq. 18)."""
     evaluate = evaluate or best_placement
     best: Placement | None = None
     rows = []
+    relaxed: tuple | None = None  # the least demanding configuration tried: its reason stands if none fits
     for mbs, layers in layers_by_mbs.items():
         for hbm in hbm_gb:
             for rec in recompute:
-                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw)
+                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw, sync_model)
                 res = evaluate(layers, setup)
                 rows.append({"microbatch": mbs, "hbm_gb": hbm, "recompute": rec, "feasible": res.feasible,
                              "throughput": res.throughput if res.feasible else 0.0,
                              "p": res.p, "d": res.d, "t": res.t})
                 if best is None or (res.feasible and (not best.feasible or res.throughput > best.throughput)):
                     best = res
+                key = (-mbs, hbm, rec)  # a smaller microbatch, more HBM, recomputation: less memory
+                if not res.feasible and (relaxed is None or key > relaxed[0]):
+                    relaxed = (key, res)
+    if best is not None and not best.feasible and relaxed is not None:
+        best = relaxed[1]
     if best is None:
         best = Placement(False, reason="no microbatch size divides the global batch")
     return best, rows
@@ -225,21 +244,24 @@ def fixed_evaluator(p: int, d: int, t: int):
 
 def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tuple[int, int, int],
                  num_devices: int, global_batch: int, hbm_gb=(32, 64, 80), recompute=(False, True),
-                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S) -> tuple[Placement, list[dict[str, Any]]]:
+                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, sync_model: str = "exposed"
+                 ) -> tuple[Placement, list[dict[str, Any]]]:
     """The best expert placement {p, d, t} over microbatch, HBM and recomputation: what
     ``archplace place --expert``, the search's expert column and bench/phaze_tpuv4.py report."""
     p, d, t = pdt
     only_t = {m: {t: lys[t]} for m, lys in layers_by_mbs.items() if t in lys}
     if not only_t:
         return Placement(False, t=t, reason=f"no layer graph for tmp width {t}"), []
-    return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t))
+    return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t),
+                 sync_model)
 
 
 def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
                      microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
-                     tmp_widths=None, optimizer: str = "sgd", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
+                     tmp_widths=None, optimizer: str = "adam", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
                      sequential: bool = False, fixed: tuple[int, int, int] | None = None,
-                     seq: int | None = None, **solve_kw: Any) -> ThroughputResult:
+                     seq: int | None = None, sync_model: str = "exposed",
+                     **solve_kw: Any) -> ThroughputResult:
     """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
 
     ``fixed = (p, d, t)`` evaluates one strategy (the DP still chooses the stage split);
@@ -252,6 +274,7 @@ def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, glob
                                            optimizer, link_bw, seq, (kind,), **solve_kw)
     t0 = time.perf_counter()
     evaluate = None if fixed is None else fixed_evaluator(*fixed)
-    best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate)
+    best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate,
+                       sync_model)
     timing["dp_s"] = time.perf_counter() - t0
     return ThroughputResult(model, acc, best, rows, timing, stats)

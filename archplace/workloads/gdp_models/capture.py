@@ -206,7 +206,8 @@ def _graph(name: str, batch: int, training: bool, fuse: bool) -> OpGraph:
             "unmapped_ops": unmapped}
     if isinstance(p.sizes, (RnnlmSizes, TxlSizes)):
         meta["seq"] = p.sizes.time_steps if isinstance(p.sizes, RnnlmSizes) else p.sizes.segment_tokens
-    g = _assign_layers(ops_to_graph(ops, meta, fuse=fuse, roles=_TP_ROLES.get(p.family)))
+    g = _assign_layers(ops_to_graph(ops, meta, fuse=fuse, roles=_TP_ROLES.get(p.family),
+                                    shared_weights="first_reader"))
     # op i of the capture is node id i (ops_to_graph numbers nodes in capture order), so each node's
     # parameters are those of its op; fusing keeps the GEMM's id and drops the absorbed op's, whose
     # parameters then join no group (fuse is off for GDP by default)

@@ -122,16 +122,18 @@ itself (``layer_ilp.QUICK_ATTEMPT_S = ...``) and reach the module that reads the
 from __future__ import annotations
 
 from .._settings import forward_settings
+from .budget import DEFAULT_BUDGET, DEFAULT_TIME_LIMIT_S, STOP_REASONS
 from .cache import CACHE_MAX_ENTRIES as CACHE_MAX_ENTRIES
-from .cache import clear_schedule_cache, effective_time_limit_s, schedule_cache_key
+from .cache import clear_schedule_cache, effective_limit, effective_time_limit_s, schedule_cache_key
 from .contention import SHARE_QUANTUM as SHARE_QUANTUM
 from .cpsat import _CPSAT_REDUNDANT as _CPSAT_REDUNDANT
 from .cpsat import _CPSAT_SYMMETRY as _CPSAT_SYMMETRY
+from .cpsat import CPSAT_INTERLEAVE as CPSAT_INTERLEAVE
 from .cpsat import TIME_RESOLUTION_REL
-from .cpsat import WARM_START_STALL_S as WARM_START_STALL_S
 from .exhaustive import exhaustive_schedule
 from .heuristics import greedy_schedule, sequential_schedule
 from .lazy import _run_backend as _run_backend
+from .milp import MILP_NODES_PER_DTIME as MILP_NODES_PER_DTIME
 from .milp import MILP_TIME_UNITS as MILP_TIME_UNITS
 from .model import _Raw as _Raw
 from .planning import LayerPlan, layer_problems, plan_layer_schedules, schedule_layers
@@ -140,8 +142,8 @@ from .problem import KIND_NAMES as KIND_NAMES
 from .schedule import STATUSES as STATUSES
 from .schedule import LayerSchedule, check_schedule, peak_shares
 from .solve import BACKENDS, solve_layer
-from .solve import QUICK_ATTEMPT_S as QUICK_ATTEMPT_S
-from .solve import WARM_START_MAX_S as WARM_START_MAX_S
+from .solve import QUICK_ATTEMPT_DTIME as QUICK_ATTEMPT_DTIME
+from .solve import WARM_START_MAX_DTIME as WARM_START_MAX_DTIME
 from .solve import WARM_START_MIN_OPS as WARM_START_MIN_OPS
 from .solve import WARM_START_SHARE as WARM_START_SHARE
 from .solve import _run_warm_start as _run_warm_start
@@ -151,14 +153,16 @@ from .solve import _trivial as _trivial
 # ``__all__`` is what it was when this was one module; the ``X as X`` imports above stay reachable as
 # ``layer_ilp.X`` too: constants, the tunables and hooks forwarded below, internals the tests use
 __all__ = [
-    "BACKENDS", "CORE_TO_KIND", "KIND_FUSED", "KIND_TC", "KIND_VC", "LayerPlan", "LayerProblem",
-    "LayerSchedule", "TIME_RESOLUTION_REL", "check_schedule", "clear_schedule_cache",
-    "effective_time_limit_s", "exhaustive_schedule", "greedy_schedule", "layer_problems", "peak_shares",
+    "BACKENDS", "CORE_TO_KIND", "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT_S", "KIND_FUSED", "KIND_TC", "KIND_VC",
+    "LayerPlan", "LayerProblem", "LayerSchedule", "STOP_REASONS", "TIME_RESOLUTION_REL", "check_schedule",
+    "clear_schedule_cache", "effective_limit", "effective_time_limit_s", "exhaustive_schedule",
+    "greedy_schedule", "layer_problems", "peak_shares",
     "plan_layer_schedules", "schedule_cache_key", "schedule_layers", "sequential_schedule", "solve_layer",
 ]
 
 # knobs and hooks that tests and benchmarks set on the package (see ``solvers._settings``)
 forward_settings(__name__, (
-    "QUICK_ATTEMPT_S", "WARM_START_MIN_OPS", "WARM_START_SHARE", "WARM_START_MAX_S", "WARM_START_STALL_S",
-    "CACHE_MAX_ENTRIES", "_CPSAT_REDUNDANT", "_CPSAT_SYMMETRY", "_run_backend", "_run_warm_start",
+    "QUICK_ATTEMPT_DTIME", "WARM_START_MIN_OPS", "WARM_START_SHARE", "WARM_START_MAX_DTIME",
+    "CPSAT_INTERLEAVE", "MILP_NODES_PER_DTIME", "CACHE_MAX_ENTRIES", "_CPSAT_REDUNDANT", "_CPSAT_SYMMETRY",
+    "_run_backend", "_run_warm_start",
 ))

@@ -8,18 +8,18 @@ does) never loads it; see ``workers.py`` for why that matters.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
 
+from .budget import SOLVER_SEED
 from .contention import SHARE_QUANTUM, demands
 from .model import _Raw, _Spec, _z_argmax, _z_ops
 from .problem import KIND_FUSED, KIND_TC, KIND_VC, LayerProblem
 from .schedule import LayerSchedule, _asap, _rank
 
 TIME_RESOLUTION_REL = 2.0 ** -30  # CP-SAT time unit as a fraction of H
-WARM_START_STALL_S = 1.0  # the interval warm start stops after this long without a better schedule
+CPSAT_INTERLEAVE = True  # several workers: interleaved search (deterministic), not the free portfolio
 _CPSAT_REDUNDANT = True  # add the implied constraints of _cpsat_redundant
 _CPSAT_SYMMETRY = True  # add the core-relabelling symmetry breaking of _cpsat_symmetry
 
@@ -33,8 +33,9 @@ def _integer_times(problem: LayerProblem) -> tuple[float, np.ndarray, np.ndarray
     return res, li, lh, int(min(li.sum(), lh.sum()))
 
 
-def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
+def _solve_cpsat(problem: LayerProblem, spec: _Spec, work: float, wall_s: float, rel_gap: float,
                  hint: LayerSchedule | None, num_workers: int, lower_bound_s: float = float("nan")) -> _Raw:
+    """One round of the formulation, limited by ``work`` deterministic seconds and (safety) ``wall_s``."""
     from ortools.sat.python import cp_model
 
     n = spec.n
@@ -106,18 +107,16 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_ga
     md.minimize(T)
     if hint is not None:
         _cpsat_hint(md, problem, spec, hint, li, lh, T, t, p, y, x, z)
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.max_time_in_seconds = max(float(time_limit_s), 1e-6)
-    prm.relative_gap_limit = float(rel_gap)
-    prm.num_workers = int(num_workers)
-    prm.log_search_progress = False
+    solver = _solver(work, wall_s, num_workers)
+    solver.parameters.relative_gap_limit = float(rel_gap)
     st = solver.solve(md)
     name = f"cp-sat {_ortools_version()}"
     bound = solver.best_objective_bound
     bound_s = float(bound) * res if math.isfinite(bound) else float("nan")
+    dtime = float(solver.response_proto.deterministic_time)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return _Raw(False, False, float("nan"), bound_s, name=name)
+        return _Raw(False, False, float("nan"), bound_s, name=name,
+                    stop=_stop_reason(solver, st, work, wall_s), dtime=dtime)
     sol = np.asarray(solver.response_proto.solution, dtype=np.int64)
 
     def val(a: np.ndarray) -> np.ndarray:
@@ -135,7 +134,45 @@ def _solve_cpsat(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_ga
     obj = float(solver.objective_value)
     optimal = st == cp_model.OPTIMAL and obj <= bound
     return _Raw(True, bool(optimal), obj * res, bound_s, ts * res, (ts + ps) * res, ys, xs, zt, zv,
-                name)
+                name, "optimal" if optimal else _stop_reason(solver, st, work, wall_s), dtime)
+
+
+def _solver(work: float, wall_s: float, num_workers: int) -> Any:
+    """A CP-SAT solver stopped by ``work`` deterministic seconds (the budget) or ``wall_s`` (the
+    safety limit), with a fixed seed. Several workers search interleaved (``interleave_search``):
+    CP-SAT's parallel portfolio is not deterministic otherwise."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = max(float(wall_s), 1e-6)
+    if math.isfinite(work):
+        prm.max_deterministic_time = max(float(work), 1e-6)
+    prm.num_workers = int(num_workers)
+    prm.random_seed = SOLVER_SEED
+    if num_workers > 1 and CPSAT_INTERLEAVE:
+        prm.interleave_search = True
+    prm.log_search_progress = False
+    return solver
+
+
+def _stop_reason(solver: Any, status: int, work: float, wall_s: float) -> str:
+    """Why a CP-SAT solve that did not prove optimality stopped (``budget.STOP_REASONS``). The wall
+    clock is checked first: where it ran out, it decided where the run ended (the interleaved search
+    checks the deterministic limit only between batches, so its dtime can be past the limit too).
+    A stop that neither limit explains is counted as the wall clock's (not reproducible)."""
+    from ortools.sat.python import cp_model
+
+    if status == cp_model.OPTIMAL:  # "optimal" within the relative gap limit
+        return "gap_target"
+    if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+        return "solver_failed"
+    resp = solver.response_proto
+    if resp.wall_time >= max(float(wall_s), 1e-6) * 0.99:
+        return "wall_limit"
+    if math.isfinite(work) and resp.deterministic_time >= max(float(work), 1e-6) * (1 - 1e-9):
+        return "deterministic_limit"
+    return "wall_limit"
 
 
 def _cpsat_contention(md: Any, problem: LayerProblem, t: list, y: list, li: np.ndarray) -> None:
@@ -275,44 +312,16 @@ def _cpsat_redundant(md: Any, problem: LayerProblem, spec: _Spec, li: np.ndarray
                                                                        f"I{name}{i}_{c}") for i in ops0])
 
 
-def _solve_with_stall_stop(solver: Any, model: Any, stall_s: float) -> Any:
-    """``solver.solve(model)``, stopped once no better solution has come for ``stall_s`` seconds
-    (after the first one)."""
-    import threading
-
-    from ortools.sat.python import cp_model
-
-    last = [math.inf]
-    done = threading.Event()
-
-    class _Cb(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            last[0] = time.monotonic()
-
-    def watch() -> None:
-        while not done.wait(0.05):
-            if time.monotonic() - last[0] > stall_s:
-                solver.stop_search()
-                return
-
-    th = threading.Thread(target=watch, daemon=True)
-    th.start()
-    try:
-        return solver.solve(model, _Cb())
-    finally:
-        done.set()
-        th.join()
-
-
-def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, capacity: bool = True
-                ) -> tuple[np.ndarray, np.ndarray] | None:
+def _warm_start(problem: LayerProblem, work: float, wall_s: float, num_workers: int, capacity: bool = True
+                ) -> tuple[tuple[np.ndarray, np.ndarray] | None, float]:
     """Primal heuristic for the hint (not the reported model): a compact CP-SAT interval model of
     the same problem with core *counts* instead of core indices: per op two optional fixed-size
     intervals (ℓ̂ if intra-op, ℓ otherwise), precedence, an exclusivity cumulative and one capacity
     cumulative per core type. CP-SAT's scheduling search finds good schedules here much faster than
     in the x/z formulation. With bandwidth shares, the same shared-bandwidth cumulatives as the full
     model (``_cpsat_contention``). Returns (start_s, intra) of its best schedule (re-timed ASAP with the
-    float latencies along its interval order), or None."""
+    float latencies along its interval order), or None; and the deterministic seconds it spent.
+    Limited by ``work`` deterministic seconds and (safety) ``wall_s``."""
     from ortools.sat.python import cp_model
 
     n = problem.num_ops
@@ -340,12 +349,11 @@ def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, ca
         sel = np.flatnonzero(uses).tolist()
         md.add_cumulative(i1 + [i0[i] for i in sel], [cap] * n + [1] * len(sel), cap)
     md.minimize(T)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(float(time_limit_s), 1e-3)
-    solver.parameters.num_workers = int(num_workers)
-    st = _solve_with_stall_stop(solver, md, WARM_START_STALL_S)
+    solver = _solver(work, wall_s, num_workers)
+    st = solver.solve(md)
+    dtime = float(solver.response_proto.deterministic_time)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return None, dtime
     ts = np.array([solver.value(v) for v in t], dtype=np.float64)
     es = np.array([solver.value(v) for v in e], dtype=np.float64)
     ys = np.array([solver.boolean_value(v) for v in y], dtype=bool)
@@ -353,7 +361,7 @@ def _warm_start(problem: LayerProblem, time_limit_s: float, num_workers: int, ca
     key_less = (ts[:, None] < ts[None, :]) | ((ts[:, None] == ts[None, :]) & (rank[:, None] < rank[None, :]))
     order = (es[:, None] <= ts[None, :]) & key_less & ~np.eye(n, dtype=bool)
     start = _asap(order | problem.reach(), np.where(ys, problem.intra_latency_s, problem.latency_s))
-    return None if start is None else (start, ys)
+    return (None if start is None else (start, ys)), dtime
 
 
 def _cpsat_hint(md: Any, problem: LayerProblem, spec: _Spec, h: LayerSchedule, li: np.ndarray,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .budget import Allowance
 from .contention import demands, overloaded_sets
 from .cpsat import _solve_cpsat
 from .heuristics import _repair
@@ -44,15 +45,17 @@ class _LazyState:
     bound_s: float = float("nan")  # best proven lower bound on the makespan, seconds; NaN: none yet
     solver: str = ""  # name of the backend that answered the last round
     share_cuts: list = field(default_factory=list)  # op sets of the HiGHS bandwidth cuts so far
+    stopped_by: str = "deterministic_limit"  # why the last round stopped (``budget.STOP_REASONS``)
 
 
-def _run_backend(backend: str, problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
+def _run_backend(backend: str, problem: LayerProblem, spec: _Spec, work: float, wall_s: float, rel_gap: float,
                  hint: LayerSchedule | None, num_workers: int, lower_bound_s: float = float("nan")) -> _Raw:
-    args = (problem, spec, time_limit_s, rel_gap, hint, num_workers, lower_bound_s)
+    """One round on ``backend``, limited by ``work`` deterministic seconds and (safety) ``wall_s``."""
+    args = (problem, spec, work, wall_s, rel_gap, hint, num_workers, lower_bound_s)
     if backend == "cpsat" and _cpsat_in_process():
         return _solve_cpsat(*args)
     fn = "cpsat._solve_cpsat" if backend == "cpsat" else "milp._solve_milp"
-    raw = _call_isolated(backend, fn, *args, timeout_s=time_limit_s + 120.0)
+    raw = _call_isolated(backend, fn, *args, timeout_s=wall_s + 120.0)
     if raw is None:
         return _Raw(False, False, float("nan"), float("nan"), name=f"{backend} (worker failed)")
     return raw
@@ -76,22 +79,27 @@ def _rebuild(problem: LayerProblem, raw: _Raw, rank: np.ndarray) -> tuple[np.nda
     return start, intra
 
 
-def _lazy_solve(problem: LayerProblem, backend: str, end: float, rel_gap: float, num_workers: int,
+def _lazy_solve(problem: LayerProblem, backend: str, allow: Allowance, rel_gap: float, num_workers: int,
                 rank: np.ndarray, st: _LazyState) -> LayerSchedule | None:
     """Lazy rounds until a solution fits the cores (returned, status "optimal" when its round was
-    solved to optimality) or the time runs out / a round has no solution (None). ``st`` carries the
-    active z-types, the number of rounds, the best bound and the best valid schedule (the hint)
-    across calls and is updated in place; an over-subscribed solution is repaired into a valid one
-    for the next hint."""
+    solved to optimality) or the budget ``allow`` runs out / a round has no solution (None). Each
+    round gets what is left of ``allow`` and is charged the deterministic time it spent. ``st``
+    carries the active z-types, the number of rounds, the best bound, the best valid schedule (the
+    hint) and why the last round stopped across calls and is updated in place; an over-subscribed
+    solution is repaired into a valid one for the next hint."""
     t0 = time.perf_counter()
     active = st.z_types
     while True:
-        left = end - time.perf_counter()
-        if left <= 0:
+        stop = allow.stop()
+        if stop is not None:
+            st.stopped_by = stop
             return None
         spec = _build_spec(problem, active["tc"], active["vc"], st.share_cuts)
-        raw = _run_backend(backend, problem, spec, left, rel_gap, st.hint, num_workers, st.bound_s)
+        raw = _run_backend(backend, problem, spec, allow.work_left(), allow.wall_left(), rel_gap, st.hint,
+                           num_workers, st.bound_s)
+        allow.spend(raw.dtime)
         st.solver = raw.name
+        st.stopped_by = raw.stop
         # every round's model is a relaxation of (or equal to) the full one: its bound is valid
         if math.isfinite(raw.bound_s):
             st.bound_s = raw.bound_s if not math.isfinite(st.bound_s) else max(st.bound_s, raw.bound_s)

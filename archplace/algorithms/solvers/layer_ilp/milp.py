@@ -9,6 +9,8 @@ re-solves): valid because single-core ops that pairwise overlap share an instant
 they would over-subscribe the resource, and a pair ordered by x cannot overlap.
 
 It always runs in a worker subprocess (``workers.py``): highspy and OR-Tools cannot share a process.
+Its work budget is a node limit (``MILP_NODES_PER_DTIME`` nodes per deterministic second of the
+budget), on one thread with a fixed seed, so that its answer does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from .budget import SOLVER_SEED
 from .model import _Raw, _Spec, _z_argmax, _z_ops
 from .problem import KIND_FUSED, LayerProblem
 from .schedule import LayerSchedule
 
 MILP_TIME_UNITS = 1000.0  # HiGHS: H is this many time units
+# HiGHS has no deterministic clock: its work budget is branch-and-bound nodes, this many for one
+# deterministic second of the CP-SAT budget (``budget.py``)
+MILP_NODES_PER_DTIME = 1000
 
 
 def _milp_model(problem: LayerProblem, spec: _Spec) -> tuple[Any, dict[str, Any]]:
@@ -95,18 +101,24 @@ def _milp_model(problem: LayerProblem, spec: _Spec) -> tuple[Any, dict[str, Any]
     return lp, {"T": T, "t": t, "p": p, "y": y, "x": x, "z": z, "unit": unit}
 
 
-def _solve_milp(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap: float,
+def _solve_milp(problem: LayerProblem, spec: _Spec, work: float, wall_s: float, rel_gap: float,
                 hint: LayerSchedule | None, num_workers: int, lower_bound_s: float = float("nan")) -> _Raw:
+    """One round of the formulation on HiGHS: at most ``work · MILP_NODES_PER_DTIME`` branch-and-bound
+    nodes (the deterministic budget), one thread and a fixed seed; ``wall_s`` is the safety limit."""
     import pulp
 
     n = spec.n
     lp, v_ = _milp_model(problem, spec)
     T, t, p, y, x, z, unit = (v_[k] for k in ("T", "t", "p", "y", "x", "z", "unit"))
+    nodes = milp_node_limit(work)
     # HiGHS 1.15.1's symmetry handling (full orbitopes over the z columns) returned a suboptimal
     # point as "Optimal" on a 7-op instance of the random cross-check (seed 39 of tests); off.
-    solver = pulp.HiGHS(msg=False, timeLimit=max(float(time_limit_s), 1e-3), gapRel=float(rel_gap),
-                        mip_detect_symmetry=False)
-    lp.solve(solver)
+    opts = {"mip_detect_symmetry": False, "random_seed": SOLVER_SEED}
+    if nodes is not None:
+        opts["mip_max_nodes"] = nodes
+    solver = pulp.HiGHS(msg=False, timeLimit=max(float(wall_s), 1e-3), gapRel=float(rel_gap), threads=1,
+                        **opts)
+    _run_highs(lp, solver)
     name = "highs (pulp)"
     hs = lp.solverModel
     info = hs.getInfo()
@@ -115,10 +127,14 @@ def _solve_milp(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap
     import highspy
 
     mstat = hs.getModelStatus()
+    gap = info.mip_gap if math.isfinite(getattr(info, "mip_gap", math.inf)) else math.inf
+    optimal = mstat == highspy.HighsModelStatus.kOptimal and gap <= 1e-9
+    stop = _stop_reason(mstat, optimal)
+    dtime = max(int(getattr(info, "mip_node_count", 0) or 0), 1) / MILP_NODES_PER_DTIME
     has = int(getattr(info, "primal_solution_status", 0)) == 2 and mstat not in (
         highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kNotset)
     if not has or T.varValue is None:
-        return _Raw(False, False, float("nan"), bound_s, name=name)
+        return _Raw(False, False, float("nan"), bound_s, name=name, stop=stop, dtime=dtime)
 
     def v(a: Any) -> float:
         return float(a.varValue or 0.0)
@@ -134,6 +150,37 @@ def _solve_milp(problem: LayerProblem, spec: _Spec, time_limit_s: float, rel_gap
     zt = _z_argmax(np.vectorize(v)(z["tc"]) if "tc" in z and spec.k_tc else None, n)
     zv = _z_argmax(np.vectorize(v)(z["vc"]) if "vc" in z and spec.k_vc else None, n)
     obj = v(T) * unit
-    gap = info.mip_gap if math.isfinite(getattr(info, "mip_gap", math.inf)) else math.inf
-    optimal = mstat == highspy.HighsModelStatus.kOptimal and gap <= 1e-9
-    return _Raw(True, bool(optimal), obj, bound_s, ts, ts + ps, ys, xs, zt, zv, name)
+    return _Raw(True, bool(optimal), obj, bound_s, ts, ts + ps, ys, xs, zt, zv, name, stop, dtime)
+
+
+def _run_highs(lp: Any, solver: Any) -> None:
+    """PuLP's ``HiGHS.actualSolve`` without its status table, which has no entry for the status of
+    a node limit (``kSolutionLimit``, PuLP 3.3: a KeyError after the solve): build the HiGHS model,
+    run it and copy the column values to the variables. The caller reads the status from HiGHS."""
+    solver.createAndConfigureSolver(lp)
+    solver.buildSolverModel(lp)
+    solver.callSolver(lp)
+    col = list(lp.solverModel.getSolution().col_value)
+    for var in lp.variables():
+        var.varValue = col[var.index] if col else None
+
+
+def milp_node_limit(work: float) -> int | None:
+    """HiGHS's node limit for ``work`` deterministic seconds (None: no limit)."""
+    return max(1, math.ceil(work * MILP_NODES_PER_DTIME)) if math.isfinite(work) else None
+
+
+def _stop_reason(mstat: Any, optimal: bool) -> str:
+    """Why HiGHS stopped (``budget.STOP_REASONS``)."""
+    import highspy
+
+    S = highspy.HighsModelStatus
+    if optimal:
+        return "optimal"
+    if mstat == S.kOptimal:  # within the relative gap target
+        return "gap_target"
+    if mstat == S.kTimeLimit:
+        return "wall_limit"
+    if mstat in (S.kSolutionLimit, S.kIterationLimit):  # the node limit
+        return "deterministic_limit"
+    return "solver_failed"

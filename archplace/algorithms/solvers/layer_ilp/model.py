@@ -80,6 +80,8 @@ class _Raw:
     z_tc: np.ndarray | None = None  # core per op or -1
     z_vc: np.ndarray | None = None
     name: str = ""
+    stop: str = "solver_failed"  # why the solver stopped (``budget.STOP_REASONS``)
+    dtime: float = 0.0  # deterministic seconds spent (HiGHS: nodes / MILP_NODES_PER_DTIME)
 
 
 def _z_ops(problem: LayerProblem, spec: _Spec) -> tuple[np.ndarray, np.ndarray]:

@@ -110,14 +110,14 @@ def plan_layer_schedules(g: Any, est_single_s: Any, est_all_s: Any, num_tc: int,
                          hbm_share: Any = None, glb_share: Any = None, **settings: Any) -> LayerPlan:
     """The unique layer-slice ILP instances of a graph and which layer uses which. ``hbm_share`` /
     ``glb_share``: per-row bandwidth shares (``OpEstimates``), attached to the instances unless
-    ``settings["contention"]`` is False. ``settings`` are the ``solve_layer`` options that enter the
-    cache key (backend, time_limit_s, rel_gap, lazy, decompose, contention, large_time_limit_s,
-    large_min_ops); others are ignored."""
+    ``settings["contention"]`` is False. ``settings`` are ``solve_layer`` options; those that enter
+    the cache key (backend, budget, rel_gap, lazy, decompose, contention, large_budget, large_min_ops,
+    num_workers) are used, the others (the wall-clock limits, the cache) ignored."""
     names = tuple(g.meta.get("layers", ()))
     L = len(names)
-    settings = {k: settings[k] for k in ("backend", "time_limit_s", "rel_gap", "lazy", "decompose",
-                                         "contention", "large_time_limit_s", "large_min_ops")
-                if k in settings}
+    settings = {k: settings[k] for k in ("backend", "budget", "rel_gap", "lazy", "decompose", "contention",
+                                         "large_budget", "large_min_ops", "num_workers")
+                if k in settings and settings[k] is not None}
     if not settings.get("contention", True):
         hbm_share = glb_share = None
     keys = {"forward": [""] * L, "backward": [""] * L}

@@ -34,6 +34,9 @@ class LayerSchedule:
     ``peak_hbm_share``/``peak_glb_share``: the largest summed share of the shared HBM / GLB bandwidth
     over the single-core ops running at one instant (``contention.py``); NaN when the problem has
     no shares of that resource (``peak_shares`` computes it for any share arrays).
+    ``stopped_by`` says which limit, if any, ended the solve (``budget.STOP_REASONS``) and ``dtime``
+    how much of its work budget it spent; both are reproducible unless ``stopped_by`` is
+    "wall_limit" or "solver_failed". ``solve_time_s`` is wall-clock time and is not.
     """
 
     makespan_s: float
@@ -50,6 +53,8 @@ class LayerSchedule:
     from_cache: bool = False
     peak_hbm_share: float = float("nan")
     peak_glb_share: float = float("nan")
+    stopped_by: str = ""  # why the solve stopped (``budget.STOP_REASONS``); "" for a bare heuristic
+    dtime: float = 0.0  # deterministic seconds the solve spent (its budget's unit; ``budget.py``)
 
     def durations(self, problem: LayerProblem) -> np.ndarray:
         return np.where(self.intra, problem.intra_latency_s, problem.latency_s)

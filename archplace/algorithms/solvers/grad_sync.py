@@ -1,0 +1,75 @@
+"""Data-parallel gradient synchronisation of a 1F1B pipeline, and how much of it the schedule hides.
+
+Each of the ``d`` data-parallel copies of a pipeline stage holds the stage's weights; after the step's
+last backward of that stage, its gradients are AllReduced over the ``d`` copies (Phaze's eq. 18 cost,
+``4(d−1)/d · bytes / bandwidth``). Weights tied between two stages (a GPT-2 embedding read again by
+the LM head) also AllReduce their gradient between those two stages (Megatron's embedding group).
+
+Under PipeDream-Flush (1F1B) a stage's sync starts when its last backward ends and can overlap only
+what the pipeline still does after that: the last microbatch's backward in the stages before it. So
+
+    window_k  = backward compute of the layers before stage k   (0 for the first stage)
+    exposed_k = max(0, sync_k − window_k)
+    F         = (ceil(B/d) + s − 1) · max-load + max_k exposed_k
+
+The window counts compute only; transfers and waits in the real schedule only lengthen it, so
+``exposed_k`` is an upper bound on what the schedule leaves uncovered (tests check this against an
+event simulation of the schedule, ``simulators/pipeline_1f1b.py``).
+
+``sync_model="paper"`` keeps the Phaze paper's eq. 18: only the first stage's sync, fully exposed,
+and nothing for the other stages (a DP under it prefers a first stage holding only the embedding,
+which hides most of the sync; use it only to reproduce the paper's numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SYNC_MODELS = ("exposed", "paper")
+
+
+def allreduce_s(num_bytes, copies, bandwidth: float):
+    """Phaze's eq. 18 AllReduce time of ``num_bytes`` over ``copies`` devices (0 for one copy)."""
+    copies = np.asarray(copies, dtype=float)
+    return 4.0 * (copies - 1.0) / copies * np.asarray(num_bytes, dtype=float) / bandwidth
+
+
+def check_sync_model(sync_model: str) -> None:
+    if sync_model not in SYNC_MODELS:
+        raise ValueError(f"sync_model must be one of {list(SYNC_MODELS)}, got {sync_model!r}")
+
+
+@dataclass(frozen=True)
+class StageSync:
+    """Per stage, first to last: the gradient sync, the time the schedule can hide it behind, and
+    what stays exposed (seconds)."""
+
+    sync_s: np.ndarray
+    window_s: np.ndarray
+    exposed_s: np.ndarray
+
+    @property
+    def exposed_total_s(self) -> float:
+        return float(self.exposed_s.max()) if len(self.exposed_s) else 0.0
+
+
+def stage_sync(weight_bytes, tied_bytes, backward_before_s, d: int, bandwidth: float,
+               sync_model: str = "exposed") -> StageSync:
+    """The sync of each stage of one pipeline (arrays over stages, first to last):
+    ``weight_bytes`` the stage's weights, ``tied_bytes`` its weights tied with another stage,
+    ``backward_before_s`` the backward compute of all layers before the stage."""
+    check_sync_model(sync_model)
+    w = np.asarray(weight_bytes, dtype=float)
+    s = len(w)
+    tied = np.asarray(tied_bytes, dtype=float) if s > 1 else np.zeros(s)
+    sync = allreduce_s(w, d, bandwidth) + allreduce_s(tied, 2, bandwidth)
+    window = np.asarray(backward_before_s, dtype=float).copy()
+    window[:1] = 0.0
+    if sync_model == "paper":  # eq. 18: the first stage's data-parallel sync only
+        exposed = np.zeros(s)
+        exposed[:1] = allreduce_s(w[:1], d, bandwidth)
+    else:
+        exposed = np.maximum(0.0, sync - window)
+    return StageSync(sync, window, exposed)
