@@ -198,6 +198,24 @@ class _WithUnusedHead(nn.Module):
         return x
 
 
+def test_blocks_sharing_a_parameter_are_all_captured():
+    """A parameter two blocks hold (Zamba's shared transformer): which one a copy would read is not in
+    the blocks' structure, so the whole stack is captured; without sharing, 3 blocks are."""
+    from archplace.workloads.block_kinds import capture_depths, model_census
+
+    m = _WithUnusedHead()
+    m.layers.extend([_Block(8), _Block(8), _Block(8)])
+    census = model_census(m, ["layers"])
+    assert not census.stacks["layers"].shares_parameters
+    assert capture_depths(census, 3, ["layers"]) == {"layers": 3}
+    m.layers[3].fc = m.layers[1].fc
+    census = model_census(m, ["layers"])
+    assert census.stacks["layers"].shares_parameters
+    assert capture_depths(census, 3, ["layers"]) == {"layers": 5}
+    assert census.total_params == 4 * 72 + 27  # the shared Linear counted once, in block 1
+    assert census.stacks["layers"].block_params == (72, 72, 72, 0, 72)
+
+
 def test_parameter_mismatch_is_a_one_line_error_naming_what_differs():
     m = _WithUnusedHead()
     with pytest.raises(ParameterMismatchError) as e:

@@ -39,6 +39,9 @@ class StackCensus:
     """One block stack of the full model."""
 
     kinds: tuple[int, ...]          # each block's kind, numbered in order of first appearance
+    # a parameter of a block is also another block's or the model's (Zamba's shared transformer): which
+    # one a copy would read is not in the blocks' structure, so every block is captured
+    shares_parameters: bool
     block_params: tuple[int, ...]   # parameters of each block (a shared parameter counts in its first)
 
     @property
@@ -104,13 +107,17 @@ def model_census(model, stacks: Iterable[str]) -> Census:
             other += n
         else:
             counts[at[0]][at[1]] += n
+    owners: dict[int, set] = {}  # parameter -> the (stack, block) or "" of each of its names
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), set()).add(_block_index(name, longest_first) or "")
     out = {}
     for st in stacks:
+        shares = any(len(o) > 1 and any(b and b[0] == st for b in o) for o in owners.values())
         blocks = list(modules[st])
         lists = _per_layer_lists(config, len(blocks))
         seen: dict[tuple, int] = {}
         kinds = [seen.setdefault(_block_signature(b, i, lists), len(seen)) for i, b in enumerate(blocks)]
-        out[st] = StackCensus(tuple(kinds), tuple(counts[st]))
+        out[st] = StackCensus(tuple(kinds), shares, tuple(counts[st]))
     return Census(out, other, total)
 
 
@@ -136,9 +143,9 @@ def capture_depth(kinds: Sequence[int], at_least: int) -> int:
 
 def capture_depths(census: Census, at_least: int, reducible: Iterable[str]) -> dict[str, int]:
     """Blocks to capture per stack: :func:`capture_depth` for the ``reducible`` stacks (those a config
-    depth field sizes), every block of the others."""
+    depth field sizes) whose blocks share no parameter, every block of the others."""
     reducible = set(reducible)
-    return {st: capture_depth(c.kinds, at_least) if st in reducible else c.depth
+    return {st: capture_depth(c.kinds, at_least) if st in reducible and not c.shares_parameters else c.depth
             for st, c in census.stacks.items()}
 
 

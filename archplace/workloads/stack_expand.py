@@ -143,4 +143,12 @@ def expand_stack(g: OpGraph, stack: str, kinds: Sequence[int]) -> OpGraph:
     edges["src"], edges["dst"] = renumber(edges["src"]), renumber(edges["dst"])
     cols["id"] = np.arange(len(order), dtype=np.int64)
     layers = names[:last + 1] + [f"{stack}.{p}" for p in range(captured, depth)] + names[last + 1:]
-    return OpGraph(cols, edges, dict(g.meta, layers=layers))
+    meta = dict(g.meta, layers=layers)
+    if g.meta.get("shared_params"):  # a parameter a template reads (Zamba's shared block): its copies too
+        copies: dict[str, list[str]] = {}
+        for p in range(captured, depth):
+            copies.setdefault(f"{stack}.{template[p]}", []).append(f"{stack}.{p}")
+        meta["shared_params"] = [dict(sp, layers=list(sp["layers"]) + [c for n in sp["layers"]
+                                                                       for c in copies.get(n, [])])
+                                 for sp in g.meta["shared_params"]]
+    return OpGraph(cols, edges, meta)
