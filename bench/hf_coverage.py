@@ -157,7 +157,8 @@ def capture_family(row: dict, seq: int, depth: int, workdir: Path, probe: bool =
                 warnings.simplefilter("ignore")
                 g = build_graph(ref, seq=s, training=False)
             fwd = ~g.nodes["is_backward"]
-            res["params_captured"] = int(g.nodes["weight_bytes"][fwd].sum()) // g.meta["bytes_per_element"]
+            # every parameter once (a tied one is held by each layer that reads it), as graph --json
+            res["params_captured"] = g.totals()["weight_bytes"] // g.meta["bytes_per_element"]
             res["status"] = "exact" if res["params_captured"] == m.num_parameters else "mismatch"
             res["stacks"] = {st: {"blocks": n, "captured": g.meta["captured_blocks"][st],
                                   "kinds": len(set(g.meta["block_kinds"][st]))}

@@ -117,6 +117,21 @@ def test_capture_blocks_is_refused_for_graph_files(tmp_path):
         api.GraphRequest(str(f), capture_blocks=5).validate()
 
 
+def test_heads_of_a_config_with_per_layer_attributes():
+    """transformers' heterogeneous configs (Dots3-Note) refuse a global num_attention_heads; the
+    tensor-parallel check takes what divides every layer's heads."""
+    import math
+
+    from archplace.workloads.hf_config import attention_heads
+
+    cfg = transformers.Dots3NoteTextConfig()
+    assert cfg.is_heterogeneous
+    layers = cfg.per_layer_config
+    want = {k: math.gcd(*(getattr(c, k) for c in layers))
+            for k in ("num_attention_heads", "num_key_value_heads")}
+    assert attention_heads(cfg) == want
+
+
 def test_capture_depth_closed_forms():
     """The fewest leading blocks holding every (kind before, kind) pair at a position >= 2 and
     ending on the last block's kind."""

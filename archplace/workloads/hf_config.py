@@ -174,6 +174,12 @@ def attention_heads(cfg) -> dict[str, int]:
     """The query and KV heads of a ``transformers`` config ({} when it names none): what a
     tensor-parallel width must divide. KV heads: ``num_key_value_heads`` (GQA), ``num_kv_heads``, one
     for a multi-query model, else the query heads."""
+    if getattr(cfg, "is_heterogeneous", False) is True:  # per-layer configs: a width divides every layer's
+        import math
+
+        per = [h for h in (attention_heads(c) for c in cfg.per_layer_config) if h]
+        return {k: math.gcd(*(h[k] for h in per)) for k in ("num_attention_heads", "num_key_value_heads")} \
+            if per else {}
     heads = getattr(cfg, "num_attention_heads", None)
     if not isinstance(heads, int) or heads < 1:
         return {}
