@@ -127,7 +127,7 @@ def test_defaults_are_the_cli_defaults():
         10.0, 300.0, 1024, 4096, (32, 64, 80))
     assert api.PartitionRequest("m").algo == "sa" and api.PartitionRequest("m").budget == 200
     s = api.SearchRequest(("m",))
-    assert (s.budget, s.ilp_budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 1.0, 60.0, (32.0, 64.0, 80.0))
+    assert (s.budget, s.ilp_budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 1.0, 300.0, (32.0, 64.0, 80.0))
     assert api.SolveDpRequest("f").time_limit_s == 600.0
     assert {r.capture_blocks for r in (p, s, api.GraphRequest("m"), api.EstimateRequest("m", "a"))} == {3}
 
