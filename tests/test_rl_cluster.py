@@ -31,7 +31,7 @@ def _cli(cluster, *args: str, timeout: float = 600) -> dict:
 
 
 def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster):
-    res = _cli(cluster, "partition", "bert-base", "--seq", "128", "--chiplets", "8", "--algo", "ppo",
+    res = _cli(cluster, "partition", "bert-base", "--seq", "128", "--chiplets", "16", "--algo", "ppo",
                "--budget", "40", "--env-runners", "2")
     # every sample's repair reached the driver from both runners (its stage counted once); most repaired
     # partitions of an untrained policy fail memory on bert-base over 8 chips (the repair models

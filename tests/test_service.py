@@ -234,7 +234,7 @@ def _load(svc, study: str, clients: int, rounds: int, disturb, after_done: int):
 def test_service_restart_mid_load_loses_nothing(svc):
     c = svc.client("alice", retries=60)
     done = c.partition("bert-base", algo="greedy", chiplets=4, seq=128, timeout_s=600)
-    in_flight = c.partition("bert-base", algo="random", chiplets=8, seq=128, budget=300, wait=False)
+    in_flight = c.partition("bert-base", algo="random", chiplets=16, seq=128, budget=300, wait=False)
     _load(svc, "restart", clients=8, rounds=12, disturb=svc.restart, after_done=16)
     assert c.operation(done["id"]) == done  # a completed operation survives
     after = c.wait(in_flight["id"], timeout_s=600)  # one in flight is run (again) after it
@@ -300,8 +300,8 @@ def test_managed_evaluation_with_the_ilp_is_cached_unless_load_dependent(svc):
 
 def test_operation_cancel_and_partition(svc):
     c = svc.client("alice")
-    op = c.partition("bert-base", algo="greedy", chiplets=8, seq=128, timeout_s=600)
-    assert op["state"] == "DONE" and op["result"]["valid"] and op["result"]["chiplets"] == 8
+    op = c.partition("bert-base", algo="greedy", chiplets=16, seq=128, timeout_s=600)
+    assert op["state"] == "DONE" and op["result"]["valid"] and op["result"]["chiplets"] == 16
     long = c.partition("bert-large", algo="sa", chiplets=36, budget=5000, seed=1, wait=False)
     cancelled = c.cancel(long["id"])
     assert cancelled["state"] in ("CANCELLED", "RUNNING")

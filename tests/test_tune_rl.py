@@ -48,8 +48,8 @@ def test_partition_reads_a_config(ray_session, tmp_path, capsys):
     cfg = tmp_path / "best.yaml"
     cfg.write_text(yaml.safe_dump({"ppo": {"lr": 5.0e-3, "num_epochs": 2}, "model": {"hidden": 16,
                                                                                       "num_layers": 2}}))
-    rc = main(["partition", "bert-base", "--seq", "128", "--chiplets", "8", "--algo", "ppo", "--budget", "16",
-               "--config", str(cfg), "--json"])
+    rc = main(["partition", "bert-base", "--seq", "128", "--chiplets", "16", "--algo", "ppo",
+               "--budget", "16", "--config", str(cfg), "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["config"] == str(cfg) and res["samples"] == 16 and res["valid"]

@@ -341,8 +341,11 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                              "another directory")
         old = store.read_meta() if store.settings_path.exists() else meta_new
         if isinstance(old.get("settings"), dict):  # fields added since (at their defaults) match
-            normal = SearchSettings.from_dict(old["settings"]).to_dict()
-            old = dict(old, settings=json.loads(json.dumps(normal)))
+            try:
+                normal = SearchSettings.from_dict(old["settings"]).to_dict()
+                old = dict(old, settings=json.loads(json.dumps(normal)))
+            except (KeyError, TypeError, ValueError):
+                pass  # settings this version cannot read: they differ, said below
         for k in ("settings", "searcher", "seed", "hysteresis", "area_bucket_mm2"):
             if old.get(k) != meta_new[k]:
                 raise ValueError(f"--resume: the search in {out} was run with a different {k} "
