@@ -6,8 +6,6 @@ Each takes an ``OpGraph`` and returns a new one; inputs are never modified.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from .graph import OpGraph
@@ -108,105 +106,6 @@ def tag_tensor_parallel(g: OpGraph) -> OpGraph:
     nodes = dict(g.nodes)
     nodes["tp_role"] = np.where(between, "shard", role).astype(object)
     return OpGraph(nodes, dict(g.edges), dict(g.meta))
-
-
-def replicate_blocks(g: OpGraph, stack: str, captured: int, total: int) -> OpGraph:
-    """Grow the block stack ``stack`` (e.g. ``encoder.layer``) from ``captured`` blocks to
-    ``total`` by copying its last block. Edges into the last block from the block before it are
-    chained copy to copy; edges from anywhere else (masks, position bias, encoder output) feed every
-    copy; edges out of the last block leave from the last copy."""
-    if total <= captured:
-        return g
-    names = list(g.meta["layers"])
-    last_name, prev_name = f"{stack}.{captured - 1}", f"{stack}.{captured - 2}"
-    if last_name not in names or prev_name not in names:
-        raise ValueError(f"cannot replicate {stack!r}: captured layers {names}")
-    li, pi = names.index(last_name), names.index(prev_name)
-    layer = g.nodes["layer"]
-    rows_last = np.flatnonzero(layer == li)
-    rows_prev = np.flatnonzero(layer == pi)
-    if len(rows_last) != len(rows_prev):
-        raise ValueError(f"blocks {prev_name} and {last_name} differ in structure; capture more blocks")
-    rel_of_prev = {int(r): i for i, r in enumerate(rows_prev)}
-    rel_of_last = {int(r): i for i, r in enumerate(rows_last)}
-    extra = total - captured
-    k = len(rows_last)
-    ids = g.nodes["id"]
-    next_id = int(ids.max()) + 1 if len(ids) else 0
-    # node rows: copies go right after the last block's layer index
-    copy_ids = next_id + np.arange(extra * k).reshape(extra, k)
-    new_layer_names = names[:li + 1] + [f"{stack}.{captured + j}" for j in range(extra)] + names[li + 1:]
-    shift = np.where(layer > li, layer + extra, layer)
-    pat = re.compile(rf"\b{re.escape(stack)}\.{captured - 1}\b")
-    cols = {}
-    for c, v in g.nodes.items():
-        base = v.copy()
-        if c == "layer":
-            base = shift.astype(v.dtype)
-        reps = [base]
-        for j in range(extra):
-            piece = v[rows_last].copy()
-            if c == "id":
-                piece = copy_ids[j]
-            elif c == "layer":
-                piece = np.full(k, li + 1 + j, dtype=v.dtype)
-            elif c == "name":
-                piece = np.array([pat.sub(f"{stack}.{captured + j}", s) for s in piece], dtype=object)
-            reps.append(piece)
-        cols[c] = np.concatenate(reps)
-    src, dst = g.edge_pos
-    esrc, edst = g.edges["src"].copy(), g.edges["dst"].copy()
-    eb, ea = g.edges["bytes"], g.edges["arg"]
-    new_src, new_dst, new_b, new_a = [], [], [], []
-    last_copy = copy_ids[-1]
-    for e in range(g.num_edges):
-        s, d = int(src[e]), int(dst[e])
-        s_in, d_in = s in rel_of_last, d in rel_of_last
-        if s_in and d_in:  # internal edge of the last block: repeat in every copy
-            for j in range(extra):
-                new_src.append(copy_ids[j][rel_of_last[s]])
-                new_dst.append(copy_ids[j][rel_of_last[d]])
-                new_b.append(eb[e])
-                new_a.append(ea[e])
-        elif d_in:  # into the last block
-            for j in range(extra):
-                if s in rel_of_prev:  # chained: from the previous block's matching op
-                    prev = ids[rows_last[rel_of_prev[s]]] if j == 0 else copy_ids[j - 1][rel_of_prev[s]]
-                else:
-                    prev = ids[s]
-                new_src.append(prev)
-                new_dst.append(copy_ids[j][rel_of_last[d]])
-                new_b.append(eb[e])
-                new_a.append(ea[e])
-        elif s_in:  # out of the last block: now leaves from the last copy
-            esrc[e] = last_copy[rel_of_last[s]]
-    edges = {"src": np.concatenate([esrc, np.asarray(new_src, dtype=np.int64)]),
-             "dst": np.concatenate([edst, np.asarray(new_dst, dtype=np.int64)]),
-             "bytes": np.concatenate([eb, np.asarray(new_b, dtype=np.int64)]),
-             "arg": np.concatenate([ea, np.asarray(new_a, dtype=np.int16)])}
-    # rows: copies right after the block they copy, ids renumbered in row order, so that a
-    # replicated graph equals a full capture row for row
-    n0 = g.num_nodes
-    order = np.concatenate([np.arange(rows_last[-1] + 1), n0 + np.arange(extra * k),
-                            np.arange(rows_last[-1] + 1, n0)])
-    cols = {c: v[order] for c, v in cols.items()}
-    old_ids = cols["id"]
-    remap_sorted = np.argsort(old_ids)
-    def renumber(x: np.ndarray) -> np.ndarray:
-        return remap_sorted[np.searchsorted(old_ids[remap_sorted], x)].astype(np.int64)
-    edges["src"], edges["dst"] = renumber(edges["src"]), renumber(edges["dst"])
-    fwd = cols["fwd_id"]
-    cols["fwd_id"] = np.where(fwd >= 0, renumber(np.maximum(fwd, old_ids.min())), -1)
-    cols["id"] = np.arange(len(order), dtype=np.int64)
-    meta = dict(g.meta, layers=new_layer_names)
-    if g.meta.get("shared_params"):  # a parameter the last block reads is read by every copy too
-        copies = [f"{stack}.{captured + j}" for j in range(extra)]
-        meta["shared_params"] = [dict(p, layers=list(p["layers"]) + copies) if last_name in p["layers"]
-                                 else p for p in g.meta["shared_params"]]
-    return OpGraph(cols, edges, meta)
-
-
-HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
 
 
 def check_head_widths(meta: dict, t: int) -> None:
@@ -337,24 +236,11 @@ def slice_tensor_parallel(g: OpGraph, t: int) -> OpGraph:
     e_arg = g.edges["arg"].copy()
     add_src, add_dst, add_b, add_a = [], [], [], []
     bpe = int(g.meta.get("bytes_per_element", 2))
-    # AllReduce after every row-parallel GEMM
-    for r in np.flatnonzero(row):
-        ar = next_id
-        next_id += 1
-        ob = int(nd["output_bytes"][r])
-        new_rows.append(dict(id=ar, name=f"{nd['name'][r]}/allreduce", kind="allreduce", core="comm",
-                             layer=nd["layer"][r], input_bytes=ob, output_bytes=ob,
-                             flops=ob / bpe * (t - 1) / t, vector_flops=ob / bpe * (t - 1) / t))
-        out = src == r
-        e_src[out] = ar
-        add_src.append(ids[r])
-        add_dst.append(ar)
-        add_b.append(ob)
-        add_a.append(0)
-    # AllReduce after a vocab-parallel embedding (each device looked up its rows, zeros elsewhere)
-    for r in np.flatnonzero(role == "vocab"):
-        if nd["kind"][r] != "embedding":
-            continue
+    # AllReduce after every row-parallel GEMM, and after a vocab-parallel embedding (each device
+    # looked up its rows, zeros elsewhere): the op's consumers read the AllReduce instead
+    vocab_lookup = (role == "vocab") & (nd["kind"] == "embedding")
+    after = np.concatenate([np.flatnonzero(row), np.flatnonzero(vocab_lookup)])
+    for r in after:
         ar = next_id
         next_id += 1
         ob = int(nd["output_bytes"][r])
