@@ -18,7 +18,8 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
-	$(BIN)/python -m pytest -q --durations=30
+	# two workers, whole files each (module fixtures such as test_platform's baseline search run once)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
