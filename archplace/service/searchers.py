@@ -85,7 +85,8 @@ class StudySearcher:
         self.told: set[int] = set()  # trial numbers whose result it has been told
         self.holder: dict[int, int] = {}  # architecture index -> the trial number holding it
         self.values: dict[int, float | None] = {}  # architecture index -> told value (None: error)
-        self._requeue: list[int] = []  # released or retracted architectures, proposed first
+        self._requeue: list[int] = []  # released architectures, proposed first
+        self._retracted: list[int] = []  # proposals not reserved, proposed next
         n = len(self.space)
         self.generator = self.order = self._study = None
         self._cursor = 0
@@ -165,12 +166,13 @@ class StudySearcher:
     def propose(self) -> int | None:
         """An architecture no known trial holds (not yet reserved: ``commit`` or ``retract`` it), or
         None when the searcher suggests nothing more."""
-        while self._requeue:
-            i = self._requeue.pop(0)
-            if i not in self.holder and i not in self._live:
-                if self._study is not None:
-                    self._live[i] = None  # proposed outside TPE: its result is added as a point
-                return i
+        for queue in (self._requeue, self._retracted):
+            while queue:
+                i = queue.pop(0)
+                if i not in self.holder and i not in self._live:
+                    if self._study is not None:
+                        self._live[i] = None  # proposed outside TPE: its result is added as a point
+                    return i
         if self._study is not None:
             return self._optuna_propose()
         if self.generator is not None:
@@ -195,7 +197,7 @@ class StudySearcher:
         trial = self._live.pop(index, None)
         if trial is not None:
             self._optuna_tell(trial, None)  # TPE forgets a FAIL; the architecture comes back below
-        self._requeue.insert(0, index)
+        self._retracted.insert(0, index)
 
     # ------------------------------------------------------------------ replay
     def mark(self, number: int, index: int) -> None:

@@ -382,6 +382,11 @@ class StudyService:
                     trials.c.lease_expires_at >= now,
                 )
             ).scalar()
+            released = conn.execute(
+                sa.select(sa.func.count()).where(
+                    trials.c.study_id == row["id"], trials.c.released == sa.true()
+                )
+            ).scalar()
             overdue = conn.execute(
                 sa.select(trials.c.number, trials.c.arch_index).where(
                     trials.c.study_id == row["id"],
@@ -393,8 +398,11 @@ class StudyService:
         for number, index in overdue:
             s.release(number, index)  # written below; a trial completed meanwhile is told back by _sync
         config = json.loads(row["config_json"])
+        want = count - held
+        if config.get("max_trials") is not None:  # the trials that hold an architecture count
+            want = min(want, config["max_trials"] - (row["trial_count"] - released - len(overdue)))
         proposals: list[int] = []
-        for _ in range(max(count - held, 0)):
+        for _ in range(max(want, 0)):
             i = s.propose()
             if i is None:
                 break
@@ -423,22 +431,12 @@ class StudyService:
         sid, seq_before = row["id"], row["seq"]
         seq, released = self._expire(conn, row, now)
         lease = config.get("lease_s", 3600)
+        mine = (trials.c.study_id == sid) & (trials.c.client_id == client) & (trials.c.state == "PENDING")
+        # the client is alive: its leases start again
+        conn.execute(sa.update(trials).where(mine).values(lease_expires_at=now + lease))
         pending = (
-            conn.execute(
-                sa.select(trials)
-                .where(trials.c.study_id == sid, trials.c.client_id == client, trials.c.state == "PENDING")
-                .order_by(trials.c.number)
-                .limit(count)
-            )
-            .mappings()
-            .all()
+            conn.execute(sa.select(trials).where(mine).order_by(trials.c.number).limit(count)).mappings().all()
         )
-        if pending:  # the client is alive: its leases start again
-            conn.execute(
-                sa.update(trials)
-                .where(trials.c.study_id == sid, trials.c.client_id == client, trials.c.state == "PENDING")
-                .values(lease_expires_at=now + lease)
-            )
         want = count - len(pending)
         if config.get("max_trials") is not None:
             live = row["trial_count"] - conn.execute(
@@ -534,7 +532,7 @@ class StudyService:
                     values_json=json.dumps(values) if values is not None else None,
                     reason=req.reason,
                     completed_seq=seq,
-                    completed_at=time.time(),
+                    completed_at=now,
                 )
             )
             # the client is alive: its other trials' leases start again
