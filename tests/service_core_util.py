@@ -67,10 +67,10 @@ class HttpApp:
 
     def __init__(self, db: Path) -> None:
         import uvicorn
+        from service_util import free_port
 
         from archplace.service.app import ServiceState, create_app
         from archplace.service.db import make_engine
-        from service_util import free_port
 
         self.state = ServiceState(make_engine(str(db)), auth="none")
         self.port = free_port()

@@ -31,7 +31,8 @@ def test_an_expired_lease_abandons_the_trial_and_returns_its_architecture(tmp_pa
     assert [t.number for t in again.trials] == [3, 4, 5]
     for t in dead:
         old = s.trial("alice", "l", t.number)
-        assert old.state == "ABANDONED" and old.reason.startswith("lease expired") and old.lease_expires_at is None
+        assert old.state == "ABANDONED" and old.reason.startswith("lease expired")
+        assert old.lease_expires_at is None
         with pytest.raises(Conflict, match="already ABANDONED"):
             tell(s, "alice", "l", t.number, 1.0)
         with pytest.raises(Conflict, match="is ABANDONED: lease expired"):
@@ -51,7 +52,8 @@ def test_heartbeat_suggest_and_complete_renew_a_lease(tmp_path):
     clock.advance(8)  # 16 s after the suggest, 8 s after the renewals
     other = ask(s, "alice", "h", count=1, client_id="other").trials
     assert other[0].arch_index == 3  # nothing was released
-    assert [s.trial("alice", "h", t.number).state for t in (t1, t2, t3)] == ["PENDING", "COMPLETED", "PENDING"]
+    states = [s.trial("alice", "h", t.number).state for t in (t1, t2, t3)]
+    assert states == ["PENDING", "COMPLETED", "PENDING"]
     again = ask(s, "alice", "h", count=2, client_id="w").trials  # its own suggest renews as well
     assert [t.number for t in again] == [t1.number, t3.number]
     assert {t.lease_expires_at for t in again} == {clock.t + 10}

@@ -115,6 +115,13 @@ class StudyCreate(Strict):
 
     _check = field_validator("models")(classmethod(lambda cls, v: _check_models(v)))
 
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            _check_space(v)
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> StudyCreate:
         names = [o.name for o in self.objectives]
@@ -125,8 +132,6 @@ class StudyCreate(Strict):
                 "objectives[0].goal: the phaze searcher maximises its first objective "
                 "(throughput); use 'maximize' or another searcher"
             )
-        if self.space is not None:
-            _check_space(self.space)
         return self
 
 
