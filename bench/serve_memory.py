@@ -19,6 +19,10 @@ such grid under the service's 1,000,000-point limit), and the largest area the s
 (10,000 mm2), so that as many points as possible are feasible (467,368).
 
     python bench/serve_memory.py [--out bench/results/serve_memory.json] [--rounds 30]
+                                 [--baseline OLD.json --baseline-commit SHA]
+
+``--baseline`` embeds the result of the same script run on an older tree (``git archive SHA``
+unpacked elsewhere, where git cannot name the commit) under ``baseline``, with that commit.
 """
 
 from __future__ import annotations
@@ -170,6 +174,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve_memory.json"))
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--baseline", help="a result JSON of this script on an older tree, embedded")
+    ap.add_argument("--baseline-commit", help="the commit the baseline tree was archived from")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -190,6 +196,10 @@ def main() -> None:
         cold = _child(["cold", cold_db])
     result = {**git_state(), "command": command(), "machine": machine(load), "space": SPACE,
               "max_area_mm2": 10_000.0, "rounds": a.rounds, "study": studies, "cold_listing": cold}
+    if a.baseline:
+        base = json.loads(Path(a.baseline).read_text())
+        base["commit"] = a.baseline_commit or base.get("commit")
+        result["baseline"] = base
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

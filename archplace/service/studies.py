@@ -410,21 +410,21 @@ class StudyService:
         # 2. under the write lock: expire, return the client's pending trials, reserve the proposals
         try:
             with write_tx(self.engine) as conn:
-                out = self._reserve(conn, owner, name, e, config, count, client, proposals, now, synced)
+                out = self._reserve(conn, owner, name, e, config, count, client, proposals, now)
         except BaseException:
             for i in proposals:
                 s.retract(i)
             raise
-        used, seq_before, seq_after, released = out.pop("_meta")
+        used, seq_before, seq_after, expired = out.pop("_meta")
         for number, index in used:
             s.commit(number, index)
         for i in proposals[len(used) :]:
             s.retract(i)
-        if seq_before == synced and {n for n, _ in released} <= {n for n, _ in overdue}:
+        if seq_before == synced and {n for n, _ in expired} <= {n for n, _ in overdue}:
             s.seq = seq_after  # nothing else was written in between: the cache has it all
         return SuggestResponse(**out)
 
-    def _reserve(self, conn, owner, name, e, config, count, client, proposals, now, synced) -> dict:
+    def _reserve(self, conn, owner, name, e, config, count, client, proposals, now) -> dict:
         row = self._get_row(conn, owner, name, lock=True)
         if row["uid"] != e.uid:
             raise _Moved
