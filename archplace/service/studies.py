@@ -382,11 +382,16 @@ class StudyService:
                     trials.c.lease_expires_at >= now,
                 )
             ).scalar()
-            released = conn.execute(
-                sa.select(sa.func.count()).where(
-                    trials.c.study_id == row["id"], trials.c.released == sa.true()
-                )
-            ).scalar()
+            config = json.loads(row["config_json"])
+            released = (  # only a budget needs it
+                conn.execute(
+                    sa.select(sa.func.count()).where(
+                        trials.c.study_id == row["id"], trials.c.released == sa.true()
+                    )
+                ).scalar()
+                if config.get("max_trials") is not None
+                else 0
+            )
             overdue = conn.execute(
                 sa.select(trials.c.number, trials.c.arch_index).where(
                     trials.c.study_id == row["id"],
@@ -397,7 +402,6 @@ class StudyService:
         synced = s.seq
         for number, index in overdue:
             s.release(number, index)  # written below; a trial completed meanwhile is told back by _sync
-        config = json.loads(row["config_json"])
         want = count - held
         if config.get("max_trials") is not None:  # the trials that hold an architecture count
             want = min(want, config["max_trials"] - (row["trial_count"] - released - len(overdue)))
