@@ -247,3 +247,20 @@ def test_two_replicas_under_contention_hand_out_no_architecture_twice(tmp_path, 
     assert len(done) > 50
     released = {t.arch_index for t in rows if t.state == "ABANDONED"}
     assert released and released & set(held)  # leases ran out and their architectures went out again
+
+
+@pytest.mark.parametrize("name", ["phaze", "random", "grid", "optuna"])
+def test_an_architecture_retracted_then_released_is_proposed_once(name):
+    """An architecture can sit in both of a searcher's queues: retracted by this replica (another
+    took it meanwhile), then released when that other trial's lease ran out. A first version of the
+    new searcher proposed it twice in one batch, and the reservation then hit the unique index (seen on
+    PostgreSQL, where replicas run truly in parallel)."""
+    from archplace.service.searchers import StudySearcher
+
+    s = StudySearcher(study("q", searcher=name, seed=1).model_dump(mode="json"))
+    i = s.propose()
+    s.retract(i)  # another replica reserved i first ...
+    s.mark(7, i)  # ... as its trial 7 (learnt from the rows)
+    s.release(7, i)  # trial 7's lease ran out
+    batch = [s.propose() for _ in range(3)]
+    assert batch[0] == i and len(set(batch)) == 3

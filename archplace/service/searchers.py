@@ -87,6 +87,9 @@ class StudySearcher:
         self.values: dict[int, float | None] = {}  # architecture index -> told value (None: error)
         self._requeue: list[int] = []  # released architectures, proposed first
         self._retracted: list[int] = []  # proposals not reserved, proposed next
+        # proposed, neither committed nor retracted yet: never proposed twice (an index can sit in both
+        # queues, retracted once and released later by the trial that took it meanwhile)
+        self._proposed: set[int] = set()
         n = len(self.space)
         self.generator = self.order = self._study = None
         self._cursor = 0
@@ -154,7 +157,7 @@ class StudySearcher:
         for _ in range(200):
             trial = self._study.ask(fixed_distributions=self._dists)
             i = self._nearest(trial.params)
-            if i not in self.holder and i not in self._live:
+            if self._free(i):
                 self._live[i] = trial
                 return i
             # the categorical draw landed on an architecture already held: tell this draw its known
@@ -166,10 +169,19 @@ class StudySearcher:
     def propose(self) -> int | None:
         """An architecture no known trial holds (not yet reserved: ``commit`` or ``retract`` it), or
         None when the searcher suggests nothing more."""
+        i = self._propose()
+        if i is not None:
+            self._proposed.add(i)
+        return i
+
+    def _free(self, i: int) -> bool:
+        return i not in self.holder and i not in self._live and i not in self._proposed
+
+    def _propose(self) -> int | None:
         for queue in (self._requeue, self._retracted):
             while queue:
                 i = queue.pop(0)
-                if i not in self.holder and i not in self._live:
+                if self._free(i):
                     if self._study is not None:
                         self._live[i] = None  # proposed outside TPE: its result is added as a point
                     return i
@@ -178,22 +190,24 @@ class StudySearcher:
         if self.generator is not None:
             while True:
                 i = self.generator.next_index()
-                if i is None or i not in self.holder:
+                if i is None or self._free(i):
                     return i
         while self._cursor < len(self.order):
             i = int(self.order[self._cursor])
             self._cursor += 1
-            if i not in self.holder:
+            if self._free(i):
                 return i
         return None
 
     def commit(self, number: int, index: int) -> None:
         """The proposal ``index`` was reserved as trial ``number``."""
+        self._proposed.discard(index)
         self.known.add(number)
         self.holder[index] = number
 
     def retract(self, index: int) -> None:
         """The proposal ``index`` was not reserved: propose it again later unless a trial holds it."""
+        self._proposed.discard(index)
         trial = self._live.pop(index, None)
         if trial is not None:
             self._optuna_tell(trial, None)  # TPE forgets a FAIL; the architecture comes back below
