@@ -29,6 +29,7 @@ The guarantees the tests hold us to, and how:
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -73,7 +74,8 @@ class _Taken(Exception):
     """A proposal was reserved by another replica meanwhile: roll back, catch up, propose again."""
 
 
-RESERVE_TRIES = 32
+RESERVE_TRIES = 64
+_JITTER = random.Random(0)  # timing only: never decides what is suggested
 
 
 def _study_model(row, owner: str) -> Study:
@@ -346,7 +348,7 @@ class StudyService:
     # ------------------------------------------------------------------ ask / tell
     def suggest(self, owner: str, name: str, req: SuggestRequest) -> SuggestResponse:
         client = req.client_id or f"anon-{uuid.uuid4().hex}"
-        for _ in range(RESERVE_TRIES):
+        for attempt in range(RESERVE_TRIES):
             with read_tx(self.engine) as conn:
                 self.cache.sweep(conn)
                 row = self._get_row(conn, owner, name)
@@ -355,12 +357,14 @@ class StudyService:
                 try:
                     return self._suggest(owner, name, req.count, client, e)
                 except _Taken:
-                    continue  # another replica reserved a proposal meanwhile: catch up, propose again
+                    pass  # another replica reserved the proposals meanwhile: catch up, propose again
                 except _Moved:
                     continue  # the study was deleted and created again since the row was read
                 except BaseException:
                     e.searcher = None  # the cache may have run ahead of the rows: rebuild it
                     raise
+            # lost a race: step aside a little (jittered, so two replicas do not collide in step)
+            time.sleep(_JITTER.uniform(0, 0.002 * (attempt + 1)))
         raise Conflict(f"study {name!r} is contended: no proposal survived {RESERVE_TRIES} tries; retry")
 
     def _suggest(self, owner: str, name: str, count: int, client: str, e: Entry) -> SuggestResponse:
@@ -406,15 +410,17 @@ class StudyService:
         if config.get("max_trials") is not None:  # the trials that hold an architecture count
             want = min(want, config["max_trials"] - (row["trial_count"] - released - len(overdue)))
         proposals: list[int] = []
+        exhausted = False  # the searcher has nothing more to propose
         for _ in range(max(want, 0)):
             i = s.propose()
             if i is None:
+                exhausted = True
                 break
             proposals.append(i)
         # 2. under the write lock: expire, return the client's pending trials, reserve the proposals
         try:
             with write_tx(self.engine) as conn:
-                out = self._reserve(conn, owner, name, e, config, count, client, proposals, now)
+                out = self._reserve(conn, owner, name, e, config, count, client, proposals, exhausted, now)
         except BaseException:
             for i in proposals:
                 s.retract(i)
@@ -422,13 +428,15 @@ class StudyService:
         used, seq_before, seq_after, expired = out.pop("_meta")
         for number, index in used:
             s.commit(number, index)
-        for i in proposals[len(used) :]:
-            s.retract(i)
+        taken = {index for _, index in used}
+        for i in proposals:
+            if i not in taken:
+                s.retract(i)  # not needed after all, or reserved by another replica meanwhile
         if seq_before == synced and {n for n, _ in expired} <= {n for n, _ in overdue}:
             s.seq = seq_after  # nothing else was written in between: the cache has it all
         return SuggestResponse(**out)
 
-    def _reserve(self, conn, owner, name, e, config, count, client, proposals, now) -> dict:
+    def _reserve(self, conn, owner, name, e, config, count, client, proposals, exhausted, now) -> dict:
         row = self._get_row(conn, owner, name, lock=True)
         if row["uid"] != e.uid:
             raise _Moved
@@ -448,13 +456,19 @@ class StudyService:
             ).scalar()
             want = min(want, config["max_trials"] - live)
         take = proposals[: max(want, 0)]
-        if take:
-            clash = conn.execute(
-                sa.select(trials.c.arch_index).where(
-                    trials.c.study_id == sid, trials.c.released == sa.false(), trials.c.arch_index.in_(take)
-                )
-            ).first()
-            if clash is not None:
+        short = exhausted and len(take) < want  # the searcher has nothing more
+        if take:  # another replica may have reserved some meanwhile: take the rest
+            clash = set(
+                conn.execute(
+                    sa.select(trials.c.arch_index).where(
+                        trials.c.study_id == sid,
+                        trials.c.released == sa.false(),
+                        trials.c.arch_index.in_(take),
+                    )
+                ).scalars()
+            )
+            take = [i for i in take if i not in clash]
+            if not take and not pending:
                 raise _Taken  # rolls back this transaction, the expiry included
         number, new = row["trial_count"], []
         for i in take:
@@ -477,7 +491,7 @@ class StudyService:
         done_reason = None
         if want <= 0 and not pending and config.get("max_trials") is not None:
             done_reason = "max_trials reached"
-        elif len(take) < want:
+        elif short:
             done_reason = e.searcher.done_reason
         if new:
             conn.execute(sa.insert(trials), new)
