@@ -37,9 +37,11 @@ def test_delete_and_recreate_on_another_replica_never_hands_out_the_old_study(tm
     for t in got:
         assert tell(b, "alice", "R", t.number, 1.0).state == "COMPLETED"
     with a.engine.connect() as conn:
-        ids = [r[0] for r in conn.exec_driver_sql("SELECT id FROM studies")]
-        seqs = dict(conn.exec_driver_sql("SELECT name, seq FROM sqlite_sequence").all())
-    assert len(ids) == 1 and ids[0] > 1 and seqs["studies"] == 2  # the id of the deleted R is not reused
+        ids = [r[0] for r in conn.exec_driver_sql("SELECT id, uid FROM studies")]
+        if conn.dialect.name == "sqlite":
+            assert dict(conn.exec_driver_sql("SELECT name, seq FROM sqlite_sequence").all())["studies"] == 2
+    assert len(ids) == 1 and ids[0] > 1  # the id of the deleted R is not reused
+    assert a.get("alice", "R").space_size == 2 and old.space_size == 29_831
 
 
 def test_delete_frees_the_searcher_on_every_replica(tmp_path):
