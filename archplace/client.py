@@ -19,6 +19,7 @@ client that outlives a service restart or a killed replica loses nothing. Errors
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import requests
@@ -58,6 +59,8 @@ class Client:
         self.retries = retries
         self.backoff_s = backoff_s
         self.session = requests.Session()
+        # this Client's worker identity for suggest (not "default": workers would share trials)
+        self.client_id = f"py-{uuid.uuid4().hex}"
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
 
@@ -111,15 +114,22 @@ class Client:
     def delete_study(self, study: str) -> None:
         self.request("DELETE", f"/v1/studies/{study}")
 
-    def suggest(self, study: str, count: int = 1, client_id: str = "default") -> list[dict[str, Any]]:
-        """Trials to evaluate; the same ``client_id`` gets its pending trials again. An empty list
-        means the study suggests nothing more (see ``suggest_response`` for the reason)."""
+    def suggest(self, study: str, count: int = 1, client_id: str | None = None) -> list[dict[str, Any]]:
+        """Trials to evaluate: the ``client_id``'s pending trials first, then new ones, ``count`` in all.
+        The default ``client_id`` is this Client's own (``self.client_id``, random per Client), so a
+        retried call gets the same trials and two workers never share theirs; give one Client per
+        worker, or an id per worker. An empty list means the study suggests nothing more (see
+        ``suggest_response`` for the reason)."""
         return self.suggest_response(study, count, client_id)["trials"]
 
-    def suggest_response(self, study: str, count: int = 1, client_id: str = "default") -> dict[str, Any]:
-        return self.request(
-            "POST", f"/v1/studies/{study}/trials:suggest", {"count": count, "client_id": client_id}
-        )
+    def suggest_response(self, study: str, count: int = 1, client_id: str | None = None) -> dict[str, Any]:
+        body = {"count": count, "client_id": client_id or self.client_id}
+        return self.request("POST", f"/v1/studies/{study}/trials:suggest", body)
+
+    def heartbeat(self, study: str, trial: int) -> dict[str, Any]:
+        """Renew a pending trial's lease (the study's ``lease_s``); a 409 says the trial is no longer
+        PENDING (its lease expired and its architecture went to another worker): stop working on it."""
+        return self.request("POST", f"/v1/studies/{study}/trials/{int(trial)}:heartbeat")
 
     def complete(
         self,

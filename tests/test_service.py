@@ -93,14 +93,16 @@ def test_suggest_is_idempotent_per_client(svc):
     c = svc.client("alice")
     c.create_study(name="idem", models=["bert-base"], searcher="random", seed=3)
     a = c.suggest("idem", count=2, client_id="w1")
-    again = c.suggest("idem", count=5, client_id="w1")
+    again = c.suggest("idem", count=2, client_id="w1")
     assert [t["number"] for t in again] == [t["number"] for t in a]  # the same pending trials
+    more = c.suggest("idem", count=3, client_id="w1")  # its pending ones, then one new (count honoured)
+    assert [t["number"] for t in more] == [t["number"] for t in a] + [3]
     b = c.suggest("idem", count=2, client_id="w2")
-    assert not {t["arch_index"] for t in a} & {t["arch_index"] for t in b}
+    assert not {t["arch_index"] for t in more} & {t["arch_index"] for t in b}
     for t in a:
         c.complete("idem", t["number"], value=_value(t["params"]))
-    nxt = c.suggest("idem", count=1, client_id="w1")
-    assert len(nxt) == 1 and nxt[0]["number"] == 5
+    nxt = c.suggest("idem", count=2, client_id="w1")
+    assert [t["number"] for t in nxt] == [3, 6]
 
 
 def test_multi_objective_pareto_front(svc):

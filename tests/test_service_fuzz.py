@@ -99,7 +99,8 @@ ARCH_OK = {"num_tc": [1, 2], "num_vc": [1, 2], "pe_x": [2], "pe_y": [2], "glb_mb
 BAD_NAME = [123, 1.5, True, None, [], ["fz"], {"a": 1}, "", " fz", "-fz", ".fz", "_fz", "fz!", "f z",
             "x" * 65, "研究", "🚀", "fz🚀", "ｆｚ", "fz\u0000", "fz\n", "\ud800", "../etc/passwd",
             "/etc/passwd", "fz/../x", "C:\\x", "%2e%2e", "fz;DROP TABLE studies", "fz'--", "<script>"]
-BAD_CLIENT_ID = [c for c in BAD_NAME if c != "x" * 65] + ["x" * 129, "🤖-worker", "w\tx"]
+# null is not bad: a suggest without a client_id gets a fresh one
+BAD_CLIENT_ID = [c for c in BAD_NAME if c not in ("x" * 65, None)] + ["x" * 129, "🤖-worker", "w\tx"]
 BAD_MODEL = [None, 5, [], ["bert-base"], {}, "", "nope", "/etc/passwd", "../../etc/passwd", "bert-base.json",
              "BERT-BASE", "🚀", "bert-base\u0000", "bert-base ", "x" * 5000, "bért"]
 BAD_MODELS = [None, 5, {}, "bert-base", [], ["nope"], ["bert-base", "bert-base"], [1], [None],

@@ -34,6 +34,7 @@ from .schemas import (
     SuggestResponse,
     Trial,
     TrialList,
+    TrialNumber,
 )
 from .studies import Conflict, NotFound, StudyService
 
@@ -182,7 +183,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     Owner = Annotated[str, Depends(owner)]
     StudyName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-    Number = Annotated[int, Path(ge=1, le=2**31 - 1)]
+    Number = Annotated[TrialNumber, Path(ge=1, le=2**31 - 1)]
     OpId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
     PageSize = Annotated[int, Query(ge=1, le=LIMITS["page_size"])]
     PageToken = Annotated[str | None, Query(max_length=40)]
@@ -218,6 +219,10 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/v1/studies/{study}/trials/{number}:complete", response_model=Trial)
     def complete(study: StudyName, number: Number, body: CompleteRequest, who: Owner):
         return state.studies.complete(who, study, number, body)
+
+    @app.post("/v1/studies/{study}/trials/{number}:heartbeat", response_model=Trial)
+    def heartbeat(study: StudyName, number: Number, who: Owner):
+        return state.studies.heartbeat(who, study, number)
 
     @app.get("/v1/studies/{study}/trials", response_model=TrialList)
     def list_trials(

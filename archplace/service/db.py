@@ -7,14 +7,25 @@ nothing that a restart could lose, only caches rebuilt from these rows.
 
 One writer per study: every mutation of a study runs in ``write_tx``, which on SQLite takes the
 database's write lock at the start of the transaction (``BEGIN IMMEDIATE``), and on other databases
-locks the study's row (``SELECT ... FOR UPDATE``, see ``lock_study``). Besides, a unique index on
-(study, architecture) makes a double suggestion impossible even if that discipline were broken.
+locks the study's row (``SELECT ... FOR UPDATE``, see ``lock_study``). The transaction only reserves
+rows: the searcher proposes outside it (``studies.py``). A unique index on (study, architecture) over
+the trials that hold their architecture (all but those whose lease expired) makes a double
+suggestion impossible even if that discipline were broken.
+
+Identity: a study's ``uid`` (a random 128-bit hex) is never reused, and neither is its ``id``
+(AUTOINCREMENT on SQLite; a sequence elsewhere). Replica caches are keyed by the uid, so a study
+deleted and created again under the same name is a different study to every replica.
+
+Schema version 2 (uid, leases, released architectures, stored space size). A database written by an
+earlier version is refused at start with a one-line message: its unique index over every trial's
+architecture cannot be relaxed in place on SQLite, so it must be moved aside and created anew.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -22,6 +33,14 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 metadata = sa.MetaData()
+SCHEMA_VERSION = 2
+
+meta = sa.Table(
+    "meta",
+    metadata,
+    sa.Column("key", sa.String(32), primary_key=True),
+    sa.Column("value", sa.String(64), nullable=False),
+)
 
 tokens = sa.Table(
     "tokens",
@@ -38,9 +57,12 @@ studies = sa.Table(
     "studies",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
+    # the study's identity: never reused, unlike a name (and, before schema 2, the id on SQLite)
+    sa.Column("uid", sa.String(32), nullable=False, unique=True, default=lambda: uuid.uuid4().hex),
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("name", sa.String(64), nullable=False),
     sa.Column("config_json", sa.Text, nullable=False),
+    sa.Column("space_size", sa.Integer, nullable=False),  # feasible architectures: listings need no searcher
     sa.Column("created_at", sa.Float, nullable=False),
     # bumped by every trial creation and completion: a replica's searcher replays what came after
     # the sequence number it last saw
@@ -48,6 +70,7 @@ studies = sa.Table(
     sa.Column("trial_count", sa.Integer, nullable=False, default=0),
     sa.Column("done_reason", sa.Text, nullable=True),  # why the searcher suggests nothing more
     sa.UniqueConstraint("owner", "name", name="uq_study_owner_name"),
+    sqlite_autoincrement=True,  # a deleted study's id is never handed out again
 )
 
 trials = sa.Table(
@@ -68,8 +91,11 @@ trials = sa.Table(
     sa.Column("completed_seq", sa.Integer, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("completed_at", sa.Float, nullable=True),
+    sa.Column("lease_expires_at", sa.Float, nullable=True),  # a PENDING trial is ABANDONED after this
+    # an ABANDONED trial whose lease expired gives its architecture back to the pool
+    sa.Column("released", sa.Boolean, nullable=False, default=False),
     sa.UniqueConstraint("study_id", "number", name="uq_trial_number"),
-    sa.UniqueConstraint("study_id", "arch_index", name="uq_trial_arch"),  # no architecture twice
+    sa.Index("ix_trials_lease", "study_id", "state", "lease_expires_at"),
     sa.Index("ix_trials_client", "study_id", "client_id", "state"),
     sa.Index("ix_trials_completed_seq", "study_id", "completed_seq"),
 )
@@ -93,6 +119,17 @@ operations = sa.Table(
     sa.Column("lease_expires_at", sa.Float, nullable=True),  # another replica adopts it after this
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+# no architecture twice among the trials that hold one
+_held = trials.c.released == sa.false()
+sa.Index(
+    "uq_trial_arch_held",
+    trials.c.study_id,
+    trials.c.arch_index,
+    unique=True,
+    sqlite_where=_held,
+    postgresql_where=_held,
 )
 
 results_cache = sa.Table(
@@ -147,7 +184,31 @@ def make_engine(db: str | Path) -> sa.Engine:
             if attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
+    check_schema(engine)
     return engine
+
+
+def check_schema(engine: sa.Engine) -> None:
+    """Record the schema version in a new database; refuse one an earlier version wrote (see the
+    module docstring) with a one-line message, rather than fail later on a missing column."""
+    cols = {c["name"] for c in sa.inspect(engine).get_columns("studies")}
+    where = engine.url.render_as_string(hide_password=True)
+    for attempt in range(2):  # replicas starting together may both insert the version
+        try:
+            with write_tx(engine) as conn:
+                got = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema")).scalar()
+                if got is None and "uid" in cols:
+                    conn.execute(sa.insert(meta).values(key="schema", value=str(SCHEMA_VERSION)))
+                    return
+            break
+        except sa.exc.IntegrityError:
+            if attempt:
+                raise
+    if got != str(SCHEMA_VERSION):
+        raise ValueError(
+            f"database {where} has service schema {got or 1}, this archplace needs {SCHEMA_VERSION}: "
+            "move it aside and start with a new one (studies cannot be migrated in place)"
+        )
 
 
 _SQLITE_WRITERS: dict[int, threading.Lock] = {}

@@ -2,7 +2,9 @@
 
 Every request model forbids unknown fields, bounds every size (trials per suggest, models per study,
 string lengths, list lengths, the search space's grid) and rejects NaN and infinities, so bad input
-is a 422 naming the field and what is allowed before any work starts. Nothing from a request is ever
+is a 422 naming the field and what is allowed before any work starts. Types are strict: nothing is
+coerced (``true`` is not 1, ``"1"`` is not a count, ``1.0`` is not a trial number), and a space's axis
+values are integer powers of two within int64. Nothing from a request is ever
 unpickled, evaluated or used as a file path: architectures and models are preset names or plain
 numbers.
 """
@@ -10,9 +12,10 @@ numbers.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 LIMITS = {
     "body_bytes": 65_536,  # the whole request body
@@ -23,6 +26,11 @@ LIMITS = {
     "page_size": 1000,
     "max_trials": 1_000_000,
     "reason_chars": 2000,
+    "lease_s": 7 * 86_400,  # the longest trial lease a study may ask for
+    # per owner, defaults of StudyService (a replica holds a study's space as arrays of ~40 bytes a
+    # point while it serves it)
+    "studies_per_owner": 100,
+    "space_points_per_owner": 5_000_000,  # feasible architectures over all of an owner's studies
 }
 
 Name = Annotated[
@@ -38,7 +46,18 @@ Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_max_length=4096, allow_inf_nan=False)
+    # strict: JSON's true, "1" and 1.0 are not integers, true and "1" are not numbers
+    model_config = ConfigDict(extra="forbid", str_max_length=4096, allow_inf_nan=False, strict=True)
+
+
+def _digits(v: Any) -> Any:
+    """A path's trial number is digits only: ``1.0``, ``1e0`` or ``+1`` would be coerced to 1."""
+    if isinstance(v, str) and not re.fullmatch(r"[0-9]{1,10}", v):
+        raise ValueError(f"must be a whole number written in digits, got {v[:20]!r}")
+    return v
+
+
+TrialNumber = Annotated[int, BeforeValidator(_digits)]
 
 
 def _known_models() -> list[str]:
@@ -86,8 +105,22 @@ class StudyCreate(Strict):
     area_bucket_mm2: Finite = Field(default=0.01, ge=0, le=1000)
     accelerators: int = Field(default=1024, ge=1, le=65_536, description="context for managed evaluation")
     global_batch: int = Field(default=4096, ge=1, le=2**24)
+    lease_s: int = Field(
+        default=3600,
+        ge=1,
+        le=LIMITS["lease_s"],
+        description="a PENDING trial not completed or heart-beaten within this many seconds is "
+        "ABANDONED and its architecture suggested again",
+    )
 
     _check = field_validator("models")(classmethod(lambda cls, v: _check_models(v)))
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            _check_space(v)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> StudyCreate:
@@ -99,8 +132,6 @@ class StudyCreate(Strict):
                 "objectives[0].goal: the phaze searcher maximises its first objective "
                 "(throughput); use 'maximize' or another searcher"
             )
-        if self.space is not None:
-            _check_space(self.space)
         return self
 
 
@@ -167,6 +198,8 @@ def _check_space(space: dict[str, Any]) -> None:
                         else "a number, string or boolean"
                     )
                 )
+    for f, spec in space["architecture"].items():  # before load_space_config reads them as floats
+        _check_axis(f, spec)
     cfg = load_space_config(space)  # field errors name the field
     points = 1
     for f in ARCH_FIELDS:
@@ -175,6 +208,25 @@ def _check_space(space: dict[str, Any]) -> None:
         raise ValueError(
             f"space: the grid has {points:,} points; at most {LIMITS['space_grid_points']:,} are allowed"
         )
+
+
+def _check_axis(f: str, spec: Any) -> None:
+    """An axis is ``{pow2: [lo, hi]}`` with integers, or a list of integer powers of two within int64:
+    a fractional or overflowing value passed the old check and made every suggest fail."""
+    where = f"space.architecture.{f}"
+    if isinstance(spec, dict):
+        bounds = spec.get("pow2")
+        if not (
+            isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds)
+        ):
+            raise ValueError(f"{where}.pow2 must be [lo, hi], two integers, got {bounds!r}")
+        return
+    if isinstance(spec, list):
+        for v in spec:
+            if type(v) is not int or not 1 <= v <= 2**62 or v & (v - 1):
+                raise ValueError(
+                    f"{where}: {v!r} is not allowed; values must be integer powers of two from 1 to 2^62"
+                )
 
 
 class Study(BaseModel):
@@ -196,8 +248,17 @@ class StudyList(BaseModel):
 
 # ---------------------------------------------------------------------------------------- trials
 class SuggestRequest(Strict):
-    count: int = Field(default=1, ge=1, le=LIMITS["trials_per_suggest"])
-    client_id: ClientId = "default"
+    count: int = Field(
+        default=1,
+        ge=1,
+        le=LIMITS["trials_per_suggest"],
+        description="trials the client holds after the call: its PENDING ones first, then new ones",
+    )
+    client_id: ClientId | None = Field(
+        default=None,
+        description="the worker's identity; its PENDING trials come back to it. None: a fresh id "
+        "(returned), so workers that omit it never share trials",
+    )
 
 
 TrialState = Literal["PENDING", "COMPLETED", "INFEASIBLE", "FAILED", "ABANDONED"]
@@ -215,9 +276,11 @@ class Trial(BaseModel):
     reason: str | None = None
     created_at: float
     completed_at: float | None = None
+    lease_expires_at: float | None = None  # PENDING: ABANDONED unless completed or heart-beaten by then
 
 
 class SuggestResponse(BaseModel):
+    client_id: str  # the request's, or the fresh one made for it
     trials: list[Trial]
     done: bool = False  # nothing more will be suggested
     done_reason: str | None = None

@@ -1,23 +1,38 @@
-"""Studies and trials: create, suggest (ask), complete (tell), list, best, Pareto front.
+"""Studies and trials: create, suggest (ask), complete (tell), heartbeat, list, best, Pareto front.
 
 The guarantees the tests hold us to, and how:
 
-* **No double suggestion.** A suggest runs in one write transaction (``db.write_tx``): it reads the
-  study, brings the replica's searcher up to date with every trial row written since it last looked
-  (``StudySearcher.catch_up`` via ``_sync``), asks, and inserts the new trials. A unique index on
-  (study, architecture) backs this up.
-* **Idempotent suggest per client.** A client that already holds PENDING trials gets exactly those
-  again (a retried request whose response was lost gets the same trials, as in Vizier).
+* **No double suggestion.** The searcher proposes outside the database's write lock (a replica's
+  searcher is a cache of the trial rows, brought up to date by ``_sync``); a short write transaction
+  then reserves the proposals as trial rows, after checking that no trial holds them. If another
+  replica took one meanwhile the transaction writes nothing, the cache catches up and proposes again.
+  A unique index on (study, architecture) over the trials that hold one backs this up.
+* **One searcher work at a time per study in a replica, none under the write lock.** So one owner's
+  slow searcher (TPE over a large space) never holds up another owner's complete.
+* **Identity.** A replica's cache is keyed by the study's ``uid`` (never reused) and checked against
+  the row on each use, so a study deleted on one replica and created again under the same name is
+  a new study everywhere. Deleted studies' caches are dropped at the next sweep (``sweep_s``), and the
+  cache holds at most ``cache_points`` architectures over all studies (least recently used first out).
+* **Idempotent suggest per client.** A client gets its PENDING trials first, then new ones up to
+  ``count`` (a retried request whose response was lost gets the same trials, as in Vizier). A request
+  without a ``client_id`` gets a fresh one, never another worker's trials.
+* **Leases.** A PENDING trial must be completed, or heart-beaten, within the study's ``lease_s``
+  (its client's suggests and completions renew it too); after that the next suggest or listing of the
+  study marks it ABANDONED and its architecture is suggested again.
 * **No lost or doubled completion.** Completing a PENDING trial records it; completing it again with
   the same measurement returns the trial unchanged (a retry); with a different one is a 409.
 * **Restarts lose nothing.** Searchers are caches rebuilt from the rows; nothing else is kept.
+* **Bounded.** Per owner at most ``max_studies`` studies and ``max_points`` feasible architectures in
+  all; reads (get, list, trials) never build a searcher.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import random
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +40,7 @@ import sqlalchemy as sa
 
 from .db import lock_study, read_tx, studies, trials, write_tx
 from .schemas import (
+    LIMITS,
     CompleteRequest,
     Pareto,
     Study,
@@ -35,7 +51,7 @@ from .schemas import (
     TrialList,
 )
 from .schemas import Trial as TrialModel
-from .searchers import StudySearcher, arch_params
+from .searchers import Entry, SearcherCache, StudySearcher, arch_params
 
 
 class NotFound(LookupError):
@@ -46,13 +62,30 @@ class Conflict(Exception):
     pass
 
 
-def _study_model(row, owner: str, space_size: int, done_reason: str | None = None) -> Study:
+class LimitExceeded(Conflict):
+    """A per-owner limit (a 409 naming it)."""
+
+
+class _Moved(Exception):
+    """The study's row now has another uid (deleted and created again): start over."""
+
+
+class _Taken(Exception):
+    """A proposal was reserved by another replica meanwhile: roll back, catch up, propose again."""
+
+
+RESERVE_TRIES = 64
+_JITTER = random.Random(0)  # timing only: never decides what is suggested
+
+
+def _study_model(row, owner: str) -> Study:
+    done_reason = row["done_reason"]
     return Study(
         name=row["name"],
         resource=f"owners/{owner}/studies/{row['name']}",
         owner=owner,
         config=json.loads(row["config_json"]),
-        space_size=space_size,
+        space_size=row["space_size"],
         trials=row["trial_count"],
         created_at=row["created_at"],
         state="DONE" if done_reason else "ACTIVE",
@@ -61,6 +94,7 @@ def _study_model(row, owner: str, space_size: int, done_reason: str | None = Non
 
 
 def _trial_model(row, owner: str, study: str) -> TrialModel:
+    values = json.loads(row["values_json"]) if row["values_json"] else None
     return TrialModel(
         number=row["number"],
         resource=f"owners/{owner}/studies/{study}/trials/{row['number']}",
@@ -68,11 +102,13 @@ def _trial_model(row, owner: str, study: str) -> TrialModel:
         state=row["state"],
         arch_index=row["arch_index"],
         params=json.loads(row["params_json"]),
-        value=row["value"],
-        values=json.loads(row["values_json"]) if row["values_json"] else None,
+        # from the JSON: SQLite stores a REAL -0.0 as the integer 0, and the sign is the client's
+        value=next(iter(values.values())) if values else row["value"],
+        values=values,
         reason=row["reason"],
         created_at=row["created_at"],
         completed_at=row["completed_at"],
+        lease_expires_at=row["lease_expires_at"] if row["state"] == "PENDING" else None,
     )
 
 
@@ -88,44 +124,56 @@ class StudyService:
     """All study operations of one replica. Methods take the request's owner; a study of another
     owner is simply not found (404), so owners cannot even learn each other's study names."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        max_studies: int = LIMITS["studies_per_owner"],
+        max_points: int = LIMITS["space_points_per_owner"],
+        cache_points: int = 4 * LIMITS["space_grid_points"],
+        sweep_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.engine = engine
-        self._searchers: dict[int, StudySearcher] = {}
-        self._locks: dict[int, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    # ------------------------------------------------------------------ helpers
-    def _lock(self, study_id: int) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(study_id, threading.Lock())
-
-    def _searcher(self, row) -> StudySearcher:
-        s = self._searchers.get(row["id"])
-        if s is None:
-            s = StudySearcher(json.loads(row["config_json"]))
-            self._searchers[row["id"]] = s
-        return s
+        self.max_studies, self.max_points, self.clock = max_studies, max_points, clock
+        self.cache = SearcherCache(cache_points, sweep_s)
 
     def _sync(self, conn: sa.Connection, row, s: StudySearcher) -> None:
-        """Replay the trial rows written since ``s.seq`` into the searcher (created, then completed,
-        in the order they were written)."""
+        """Replay the trial events written since ``s.seq`` into the searcher, in the order of the
+        study's sequence numbers: creations, completions, and leases that expired (whose
+        architectures go back to the pool)."""
         if s.seq >= row["seq"]:
             return
         sid = row["id"]
         created = conn.execute(
-            sa.select(trials.c.number, trials.c.arch_index)
-            .where(trials.c.study_id == sid, trials.c.created_seq > s.seq)
-            .order_by(trials.c.created_seq)
+            sa.select(trials.c.created_seq, trials.c.number, trials.c.arch_index).where(
+                trials.c.study_id == sid, trials.c.created_seq > s.seq, trials.c.created_seq <= row["seq"]
+            )
         ).all()
-        for number, index in created:
-            s.mark(number, index)
         done = conn.execute(
-            sa.select(trials.c.number, trials.c.arch_index, trials.c.state, trials.c.value)
-            .where(trials.c.study_id == sid, trials.c.completed_seq > s.seq)
-            .order_by(trials.c.completed_seq)
+            sa.select(
+                trials.c.completed_seq,
+                trials.c.number,
+                trials.c.arch_index,
+                trials.c.state,
+                trials.c.value,
+                trials.c.released,
+            ).where(
+                trials.c.study_id == sid,
+                trials.c.completed_seq > s.seq,
+                trials.c.completed_seq <= row["seq"],
+            )
         ).all()
-        for number, index, state, value in done:
-            s.tell(number, index, state, value)
+        events = [(q, 0, n, i, None, None, False) for q, n, i in created] + [
+            (q, 1, n, i, st, v, rel) for q, n, i, st, v, rel in done
+        ]
+        for _seq, kind, number, index, state, value, released in sorted(events):
+            if kind == 0:
+                s.mark(number, index)
+            elif released:
+                s.release(number, index)
+            else:
+                s.tell(number, index, state, value)
         s.seq = row["seq"]
 
     def _get_row(self, conn, owner: str, name: str, lock: bool = False):
@@ -143,7 +191,8 @@ class StudyService:
     # ------------------------------------------------------------------ studies
     def create(self, owner: str, req: StudyCreate) -> tuple[Study, bool]:
         """The new study, or the existing one when a study of that name has the same configuration
-        (a retried create); a different configuration under the same name is a 409."""
+        (a retried create); a different configuration under the same name is a 409, and so is a study
+        over the owner's limits."""
         config = req.model_dump(mode="json")
         s = StudySearcher(config)  # checks the space and constraint before anything is written
         text = json.dumps(config, sort_keys=True)
@@ -159,30 +208,46 @@ class StudyService:
                         f"study {req.name!r} exists with another configuration; delete it first "
                         "or choose another name"
                     )
-                return _study_model(row, owner, len(s.space)), False
+                return _study_model(row, owner), False
+            n, points = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(studies.c.space_size), 0)).where(
+                    studies.c.owner == owner
+                )
+            ).one()
+            if n + 1 > self.max_studies:
+                raise LimitExceeded(
+                    f"owner {owner!r} has {n} studies, the limit is {self.max_studies}: delete one first"
+                )
+            if points + s.points > self.max_points:
+                raise LimitExceeded(
+                    f"space: {s.points:,} feasible architectures would bring owner {owner!r} to "
+                    f"{points + s.points:,}, over the limit of {self.max_points:,} over all studies"
+                )
+            uid = uuid.uuid4().hex
             conn.execute(
                 sa.insert(studies).values(
-                    owner=owner, name=req.name, config_json=text, created_at=time.time(), seq=0, trial_count=0
+                    uid=uid,
+                    owner=owner,
+                    name=req.name,
+                    config_json=text,
+                    space_size=s.points,
+                    created_at=time.time(),
+                    seq=0,
+                    trial_count=0,
                 )
             )
-            row = (
-                conn.execute(sa.select(studies).where(studies.c.owner == owner, studies.c.name == req.name))
-                .mappings()
-                .one()
-            )
-        self._searchers[row["id"]] = s
-        return _study_model(row, owner, len(s.space)), True
+            row = conn.execute(sa.select(studies).where(studies.c.uid == uid)).mappings().one()
+        self.cache.entry(row).searcher = s
+        return _study_model(row, owner), True
 
     def get(self, owner: str, name: str) -> Study:
         with read_tx(self.engine) as conn:
-            row = self._get_row(conn, owner, name)
-        s = self._searchers.get(row["id"])
-        size = len(s.space) if s else len(StudySearcher(json.loads(row["config_json"])).space)
-        return _study_model(row, owner, size, row["done_reason"])
+            return _study_model(self._get_row(conn, owner, name), owner)
 
     def list(self, owner: str, page_size: int = 100, page_token: str | None = None) -> StudyList:
         after = _page_token(page_token)
         with read_tx(self.engine) as conn:
+            self.cache.sweep(conn)
             rows = (
                 conn.execute(
                     sa.select(studies)
@@ -195,89 +260,250 @@ class StudyService:
             )
         more = len(rows) > page_size
         rows = rows[:page_size]
-        out = []
-        for r in rows:
-            s = self._searchers.get(r["id"])
-            size = len(s.space) if s else len(StudySearcher(json.loads(r["config_json"])).space)
-            out.append(_study_model(r, owner, size, r["done_reason"]))
-        return StudyList(studies=out, next_page_token=str(rows[-1]["id"]) if more else None)
+        return StudyList(
+            studies=[_study_model(r, owner) for r in rows],
+            next_page_token=str(rows[-1]["id"]) if more else None,
+        )
 
     def delete(self, owner: str, name: str) -> None:
         with write_tx(self.engine) as conn:
             row = self._get_row(conn, owner, name, lock=True)
             conn.execute(sa.delete(trials).where(trials.c.study_id == row["id"]))
             conn.execute(sa.delete(studies).where(studies.c.id == row["id"]))
-        self._searchers.pop(row["id"], None)
+        self.cache.drop(row["uid"])
+
+    # ------------------------------------------------------------------ leases
+    def _expire(self, conn: sa.Connection, row, now: float) -> tuple[int, list[tuple[int, int]]]:
+        """Mark the study's PENDING trials whose lease ended before ``now`` ABANDONED, releasing their
+        architectures; returns the study's new sequence number and the (number, arch) released."""
+        gone = conn.execute(
+            sa.select(trials.c.id, trials.c.number, trials.c.arch_index)
+            .where(
+                trials.c.study_id == row["id"],
+                trials.c.state == "PENDING",
+                trials.c.lease_expires_at < now,
+            )
+            .order_by(trials.c.number)
+        ).all()
+        seq = row["seq"]
+        for tid, _number, _ in gone:
+            seq += 1
+            conn.execute(
+                sa.update(trials)
+                .where(trials.c.id == tid)
+                .values(
+                    state="ABANDONED",
+                    released=True,
+                    reason="lease expired: neither completed nor heart-beaten within the study's lease_s; "
+                    "its architecture is suggested again",
+                    completed_seq=seq,
+                    completed_at=now,
+                )
+            )
+        if gone:
+            conn.execute(sa.update(studies).where(studies.c.id == row["id"]).values(seq=seq))
+        return seq, [(n, i) for _, n, i in gone]
+
+    def expire(self, owner: str, name: str) -> int:
+        """Expire the study's overdue leases now (listings call this); returns how many."""
+        now = self.clock()
+        with read_tx(self.engine) as conn:
+            sid = self._get_row(conn, owner, name)["id"]
+            overdue = conn.execute(
+                sa.select(sa.func.count()).where(
+                    trials.c.study_id == sid, trials.c.state == "PENDING", trials.c.lease_expires_at < now
+                )
+            ).scalar()
+        if not overdue:
+            return 0
+        with write_tx(self.engine) as conn:
+            return len(self._expire(conn, self._get_row(conn, owner, name, lock=True), now)[1])
+
+    def heartbeat(self, owner: str, name: str, number: int) -> TrialModel:
+        """Renew a PENDING trial's lease; a trial no longer PENDING (its lease expired, or it was
+        completed) is a 409, so a worker learns to stop."""
+        now = self.clock()
+        with write_tx(self.engine) as conn:
+            row = self._get_row(conn, owner, name, lock=True)
+            t = self._trial_row(conn, row, name, number)
+            if t["state"] != "PENDING":
+                why = f": {t['reason']}" if t["reason"] else ""
+                raise Conflict(f"trial {number} is {t['state']}{why}")
+            lease = json.loads(row["config_json"]).get("lease_s", 3600)
+            conn.execute(sa.update(trials).where(trials.c.id == t["id"]).values(lease_expires_at=now + lease))
+            t = conn.execute(sa.select(trials).where(trials.c.id == t["id"])).mappings().one()
+        return _trial_model(t, owner, name)
+
+    @staticmethod
+    def _trial_row(conn: sa.Connection, row, name: str, number: int):
+        t = (
+            conn.execute(sa.select(trials).where(trials.c.study_id == row["id"], trials.c.number == number))
+            .mappings()
+            .first()
+        )
+        if t is None:
+            raise NotFound(f"trial {number} of study {name!r} not found")
+        return t
 
     # ------------------------------------------------------------------ ask / tell
     def suggest(self, owner: str, name: str, req: SuggestRequest) -> SuggestResponse:
-        with read_tx(self.engine) as conn:
-            sid = self._get_row(conn, owner, name)["id"]
-        with self._lock(sid):
-            try:
-                return self._suggest_locked(owner, name, req)
-            except BaseException:
-                self._searchers.pop(sid, None)  # the cache may have run ahead of the rows: rebuild it
-                raise
+        client = req.client_id or f"anon-{uuid.uuid4().hex}"
+        for attempt in range(RESERVE_TRIES):
+            with read_tx(self.engine) as conn:
+                self.cache.sweep(conn)
+                row = self._get_row(conn, owner, name)
+            e = self.cache.entry(row)
+            with e.lock:
+                try:
+                    return self._suggest(owner, name, req.count, client, e)
+                except _Taken:
+                    pass  # another replica reserved the proposals meanwhile: catch up, propose again
+                except _Moved:
+                    continue  # the study was deleted and created again since the row was read
+                except BaseException:
+                    e.searcher = None  # the cache may have run ahead of the rows: rebuild it
+                    raise
+            # lost a race: step aside a little (jittered, so two replicas do not collide in step)
+            time.sleep(_JITTER.uniform(0, 0.002 * (attempt + 1)))
+        raise Conflict(f"study {name!r} is contended: no proposal survived {RESERVE_TRIES} tries; retry")
 
-    def _suggest_locked(self, owner: str, name: str, req: SuggestRequest) -> SuggestResponse:
-        now = time.time()
-        with write_tx(self.engine) as conn:
-            row = self._get_row(conn, owner, name, lock=True)
-            sid = row["id"]
-            pending = (
-                conn.execute(
-                    sa.select(trials)
-                    .where(
-                        trials.c.study_id == sid,
-                        trials.c.client_id == req.client_id,
-                        trials.c.state == "PENDING",
-                    )
-                    .order_by(trials.c.number)
-                )
-                .mappings()
-                .all()
-            )
-            if pending:
-                return SuggestResponse(trials=[_trial_model(r, owner, name) for r in pending])
-            s = self._searcher(row)
+    def _suggest(self, owner: str, name: str, count: int, client: str, e: Entry) -> SuggestResponse:
+        now = self.clock()
+        # 1. outside the write lock: bring the cache up to date, release overdue leases, propose
+        with read_tx(self.engine) as conn:
+            row = self._get_row(conn, owner, name)
+            if row["uid"] != e.uid:
+                raise _Moved
+            if e.searcher is None:
+                e.searcher = StudySearcher(json.loads(row["config_json"]))
+            s = e.searcher
             self._sync(conn, row, s)
+            held = conn.execute(
+                sa.select(sa.func.count()).where(
+                    trials.c.study_id == row["id"],
+                    trials.c.client_id == client,
+                    trials.c.state == "PENDING",
+                    trials.c.lease_expires_at >= now,
+                )
+            ).scalar()
             config = json.loads(row["config_json"])
-            count = req.count
-            if config.get("max_trials") is not None:
-                count = min(count, config["max_trials"] - row["trial_count"])
-            seq, number = row["seq"], row["trial_count"]
-            new, done_reason = [], None
-            for _ in range(max(count, 0)):
-                i = s.ask(number + 1)
-                if i is None:
-                    done_reason = s.done_reason
-                    break
-                number += 1
-                seq += 1
-                new.append(
-                    {
-                        "study_id": sid,
-                        "number": number,
-                        "arch_index": i,
-                        "params_json": json.dumps(arch_params(s.space, i)),
-                        "client_id": req.client_id,
-                        "state": "PENDING",
-                        "created_seq": seq,
-                        "created_at": now,
-                    }
-                )
-            if count <= 0:
-                done_reason = "max_trials reached"
-            if new:
-                conn.execute(sa.insert(trials), new)
-            if new or (done_reason and done_reason != row["done_reason"]):
+            released = (  # only a budget needs it
                 conn.execute(
-                    sa.update(studies)
-                    .where(studies.c.id == sid)
-                    .values(seq=seq, trial_count=number, done_reason=done_reason)
+                    sa.select(sa.func.count()).where(
+                        trials.c.study_id == row["id"], trials.c.released == sa.true()
+                    )
+                ).scalar()
+                if config.get("max_trials") is not None
+                else 0
+            )
+            overdue = conn.execute(
+                sa.select(trials.c.number, trials.c.arch_index).where(
+                    trials.c.study_id == row["id"],
+                    trials.c.state == "PENDING",
+                    trials.c.lease_expires_at < now,
                 )
-            rows = (
+            ).all()
+        synced = s.seq
+        for number, index in overdue:
+            s.release(number, index)  # written below; a trial completed meanwhile is told back by _sync
+        want = count - held
+        if config.get("max_trials") is not None:  # the trials that hold an architecture count
+            want = min(want, config["max_trials"] - (row["trial_count"] - released - len(overdue)))
+        proposals: list[int] = []
+        exhausted = False  # the searcher has nothing more to propose
+        for _ in range(max(want, 0)):
+            i = s.propose()
+            if i is None:
+                exhausted = True
+                break
+            proposals.append(i)
+        # 2. under the write lock: expire, return the client's pending trials, reserve the proposals
+        try:
+            with write_tx(self.engine) as conn:
+                out = self._reserve(conn, owner, name, e, config, count, client, proposals, exhausted, now)
+        except BaseException:
+            for i in proposals:
+                s.retract(i)
+            raise
+        used, seq_before, seq_after, expired = out.pop("_meta")
+        for number, index in used:
+            s.commit(number, index)
+        taken = {index for _, index in used}
+        for i in proposals:
+            if i not in taken:
+                s.retract(i)  # not needed after all, or reserved by another replica meanwhile
+        if seq_before == synced and {n for n, _ in expired} <= {n for n, _ in overdue}:
+            s.seq = seq_after  # nothing else was written in between: the cache has it all
+        return SuggestResponse(**out)
+
+    def _reserve(self, conn, owner, name, e, config, count, client, proposals, exhausted, now) -> dict:
+        row = self._get_row(conn, owner, name, lock=True)
+        if row["uid"] != e.uid:
+            raise _Moved
+        sid, seq_before = row["id"], row["seq"]
+        seq, released = self._expire(conn, row, now)
+        lease = config.get("lease_s", 3600)
+        mine = (trials.c.study_id == sid) & (trials.c.client_id == client) & (trials.c.state == "PENDING")
+        # the client is alive: its leases start again
+        conn.execute(sa.update(trials).where(mine).values(lease_expires_at=now + lease))
+        pending = (
+            conn.execute(sa.select(trials).where(mine).order_by(trials.c.number).limit(count)).mappings().all()
+        )
+        want = count - len(pending)
+        if config.get("max_trials") is not None:
+            live = row["trial_count"] - conn.execute(
+                sa.select(sa.func.count()).where(trials.c.study_id == sid, trials.c.released == sa.true())
+            ).scalar()
+            want = min(want, config["max_trials"] - live)
+        take = proposals[: max(want, 0)]
+        short = exhausted and len(take) < want  # the searcher has nothing more
+        if take:  # another replica may have reserved some meanwhile: take the rest
+            clash = set(
+                conn.execute(
+                    sa.select(trials.c.arch_index).where(
+                        trials.c.study_id == sid,
+                        trials.c.released == sa.false(),
+                        trials.c.arch_index.in_(take),
+                    )
+                ).scalars()
+            )
+            take = [i for i in take if i not in clash]
+            if not take and not pending:
+                raise _Taken  # rolls back this transaction, the expiry included
+        number, new = row["trial_count"], []
+        for i in take:
+            number += 1
+            seq += 1
+            new.append(
+                {
+                    "study_id": sid,
+                    "number": number,
+                    "arch_index": i,
+                    "params_json": json.dumps(arch_params(e.searcher.space, i)),
+                    "client_id": client,
+                    "state": "PENDING",
+                    "created_seq": seq,
+                    "created_at": now,
+                    "lease_expires_at": now + lease,
+                    "released": False,
+                }
+            )
+        done_reason = None
+        if want <= 0 and not pending and config.get("max_trials") is not None:
+            done_reason = "max_trials reached"
+        elif short:
+            done_reason = e.searcher.done_reason
+        if new:
+            conn.execute(sa.insert(trials), new)
+        if new or (done_reason and done_reason != row["done_reason"]):
+            conn.execute(
+                sa.update(studies)
+                .where(studies.c.id == sid)
+                .values(seq=seq, trial_count=number, done_reason=done_reason)
+            )
+        rows = list(pending)
+        if new:
+            rows += (
                 conn.execute(
                     sa.select(trials)
                     .where(trials.c.study_id == sid, trials.c.number > row["trial_count"])
@@ -285,29 +511,21 @@ class StudyService:
                 )
                 .mappings()
                 .all()
-                if new
-                else []
             )
-        s.seq = seq
-        return SuggestResponse(
-            trials=[_trial_model(r, owner, name) for r in rows],
-            done=done_reason is not None and not new,
-            done_reason=done_reason,
-        )
+        return {
+            "client_id": client,
+            "trials": [_trial_model(r, owner, name) for r in rows],
+            "done": not rows and done_reason is not None,
+            "done_reason": done_reason,
+            "_meta": ([(t["number"], t["arch_index"]) for t in new], seq_before, seq, released),
+        }
 
     def complete(self, owner: str, name: str, number: int, req: CompleteRequest) -> TrialModel:
+        now = self.clock()
         with write_tx(self.engine) as conn:
             row = self._get_row(conn, owner, name, lock=True)
             config = json.loads(row["config_json"])
-            t = (
-                conn.execute(
-                    sa.select(trials).where(trials.c.study_id == row["id"], trials.c.number == number)
-                )
-                .mappings()
-                .first()
-            )
-            if t is None:
-                raise NotFound(f"trial {number} of study {name!r} not found")
+            t = self._trial_row(conn, row, name, number)
             value, values = self._measurement(config, req)
             if t["state"] != "PENDING":
                 same = (
@@ -320,6 +538,7 @@ class StudyService:
                 raise Conflict(
                     f"trial {number} is already {t['state']}"
                     + (f" with value {t['value']}" if t["value"] is not None else "")
+                    + (" (its lease expired)" if t["released"] else "")
                 )
             seq = row["seq"] + 1
             conn.execute(
@@ -331,8 +550,19 @@ class StudyService:
                     values_json=json.dumps(values) if values is not None else None,
                     reason=req.reason,
                     completed_seq=seq,
-                    completed_at=time.time(),
+                    completed_at=now,
                 )
+            )
+            # the client is alive: its other trials' leases start again
+            conn.execute(
+                sa.update(trials)
+                .where(
+                    trials.c.study_id == row["id"],
+                    trials.c.client_id == t["client_id"],
+                    trials.c.state == "PENDING",
+                    trials.c.lease_expires_at >= now,
+                )
+                .values(lease_expires_at=now + config.get("lease_s", 3600))
             )
             conn.execute(sa.update(studies).where(studies.c.id == row["id"]).values(seq=seq))
             t = conn.execute(sa.select(trials).where(trials.c.id == t["id"])).mappings().one()
@@ -368,6 +598,7 @@ class StudyService:
         state: str | None = None,
     ) -> TrialList:
         after = _page_token(page_token)
+        self.expire(owner, name)
         with read_tx(self.engine) as conn:
             sid = self._get_row(conn, owner, name)["id"]
             q = sa.select(trials).where(trials.c.study_id == sid, trials.c.number > after)
