@@ -76,6 +76,25 @@ class Served:
             self.proc.wait(timeout=60)
 
 
+def _show_port(port: int) -> None:
+    """Print what the old port check tripped on: the service's closed connections in TIME_WAIT, and
+    whether a bind without SO_REUSEADDR is refused now (it holds the port for no time at all)."""
+    import socket
+
+    import psutil
+
+    tw = [c for c in psutil.net_connections("tcp")
+          if c.status == psutil.CONN_TIME_WAIT and c.laddr.port == port]
+    with socket.socket() as plain:
+        try:
+            plain.bind(("127.0.0.1", port))
+            old = "allowed"
+        except OSError:
+            old = "refused"
+    print(f"\nafter SIGTERM: {len(tw)} connections of the service in TIME_WAIT on its port; a bind without "
+          f"SO_REUSEADDR (the old port check) {old}")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-restart")
@@ -166,6 +185,7 @@ def test_client_keeps_working_through_a_sigterm_restart_on_the_same_port(served)
     t0 = time.monotonic()
     assert served["served"].stop() == 0
     stopped = time.monotonic() - t0
+    _show_port(served["port"])
     served["served"] = Served(served["db"], served["port"])  # the same port, at once
     served["served"].wait_up()
     up = time.monotonic() - t0

@@ -108,7 +108,13 @@ def serve_forever(args) -> int:
     if not port_free(cfg.host, cfg.port):
         raise ValueError(f"--port {cfg.port} on {cfg.host} is in use")
     connect(args.address)
-    url = start(cfg)
+    try:
+        url = start(cfg)
+    except Exception as e:  # Ray or Serve could not start it: one line, as every CLI error
+        if isinstance(e, (ValueError, OSError, TimeoutError)):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise OSError(f"Ray Serve could not start the service: {type(e).__name__}: {first}") from None
     info = {"url": url, "docs": f"{url}/docs", "db": cfg.db, "auth": cfg.auth}
     if args.json:
         print(json.dumps(info), flush=True)

@@ -194,8 +194,21 @@ def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
     """Deploy on the connected Ray and wait until the app answers; returns the base URL."""
     import urllib.request
 
+    from ray.exceptions import RayActorError
+
     check_config(cfg)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    for attempt in range(3):
+        # Serve's controller kills a proxy that is not ready within 5 s and starts another with a
+        # longer limit, but serve.start raises on the first one: on a loaded machine that made a
+        # start (or restart) fail for nothing, so it is asked again, saying so
+        try:
+            serve.start(http_options={"host": cfg.host, "port": cfg.port})
+            break
+        except RayActorError as e:
+            if attempt == 2:
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            logger.warning("Serve's HTTP proxy died while starting (%s); starting Serve again", first)
     serve.run(build(cfg), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if cfg.host in ('0.0.0.0', 'localhost') else cfg.host}:{cfg.port}"
     if ":" in cfg.host and not cfg.host.startswith("["):
