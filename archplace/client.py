@@ -8,12 +8,14 @@
         c.complete(study["name"], trial["number"], value=my_measurement(trial["params"]))
     print(c.best(study["name"]))
 
-Every call is idempotent, and is retried on connection errors and timeouts, on 502/503/504
-(honouring Retry-After) and on a 500 that Ray Serve's proxy wrote because a replica died under the
-request: a suggest with the same ``client_id`` returns the same pending trials, a repeated completion
-with the same measurement is accepted, and a repeated create of an identical study returns it. So a
-client that outlives a service restart or a killed replica loses nothing. Errors are raised as
-``ServiceError`` carrying the HTTP status and the service's one-line message.
+Every call is idempotent, and is retried until ``retry_deadline_s`` (300 s by default) has passed:
+on connection errors and timeouts, on 408/502/503/504 (honouring Retry-After), and on a 404 or 500
+that Ray Serve's proxy wrote rather than the service (not the service's JSON error): a plain-text 404
+while the routes come up after a restart, a 500 for a replica that died under the request. A suggest
+with the same ``client_id`` returns the same pending trials, a repeated completion with the same
+measurement is accepted, and a repeated create of an identical study returns it. So a client that
+outlives a service restart (30-110 s were measured) or a killed replica loses nothing. Errors are
+raised as ``ServiceError`` carrying the HTTP status and the service's one-line message.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from typing import Any
 
 import requests
 
-RETRY_STATUS = (502, 503, 504)
+RETRY_STATUS = (408, 502, 503, 504)
+TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
 
 def _proxy_error(r: requests.Response) -> bool:
-    """A 500 that Ray Serve's proxy wrote (a replica died under the request), not the app: the app's
-    own errors are always JSON with an "error" object. Safe to retry, as every call is idempotent."""
-    if r.status_code != 500:
+    """A 404 or 500 that Ray Serve's proxy wrote, not the app: a 404 for a route not (yet) known while
+    the application deploys after a restart, a 500 for a replica that died under the request. The
+    app's own errors are always JSON with an "error" object. Safe to retry, as every call is
+    idempotent (the app's own 404, an unknown study, is not retried)."""
+    if r.status_code not in (404, 500):
         return False
     try:
         body = r.json()
@@ -51,13 +56,21 @@ class Client:
         url: str,
         token: str | None = None,
         timeout_s: float = 30.0,
-        retries: int = 8,
+        retries: int | None = None,
         backoff_s: float = 0.25,
+        retry_deadline_s: float = 300.0,
     ) -> None:
+        """``timeout_s``: per HTTP request. A call is retried until ``retry_deadline_s`` after it
+        began (and at most ``retries`` times, if given), with backoff from ``backoff_s`` up to 5 s."""
+        if retries is not None and retries < 0:
+            raise ValueError(f"retries must be >= 0 or None, got {retries}")
+        if not retry_deadline_s >= 0:
+            raise ValueError(f"retry_deadline_s must be >= 0, got {retry_deadline_s}")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.retry_deadline_s = retry_deadline_s
         self.session = requests.Session()
         # this Client's worker identity for suggest (not "default": workers would share trials)
         self.client_id = f"py-{uuid.uuid4().hex}"
@@ -68,25 +81,31 @@ class Client:
     def request(
         self, method: str, path: str, json: Any = None, params: dict | None = None, retry: bool = True
     ) -> Any:
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1 if retry else 1):
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay, attempt = self.backoff_s, 0
+        while True:
+            attempt += 1
+            left = deadline - time.monotonic()
             try:
                 r = self.session.request(
-                    method, self.url + path, json=json, params=params, timeout=self.timeout_s
+                    method,
+                    self.url + path,
+                    json=json,
+                    params=params,
+                    timeout=max(1.0, min(self.timeout_s, left)) if retry else self.timeout_s,
                 )
-            except (requests.ConnectionError, requests.Timeout):
-                # a request that went to a replica killed under it can hang until the read timeout;
-                # every call is idempotent, so it is sent again like a refused connection
-                if not retry or attempt == self.retries:
+            except TRANSPORT_ERRORS:
+                # refused while the service restarts, or a request that went to a replica killed
+                # under it and hung until the read timeout: every call is idempotent, so send it again
+                if not self._again(retry, attempt, deadline, delay):
                     raise
-                time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if retry and attempt < self.retries and (r.status_code in RETRY_STATUS or _proxy_error(r)):
+            if r.status_code in RETRY_STATUS or _proxy_error(r):
                 wait = r.headers.get("Retry-After")
-                time.sleep(float(wait) if wait and wait.isdigit() else delay)
-                delay = min(delay * 2, 5.0)
-                continue
+                if self._again(retry, attempt, deadline, float(wait) if wait and wait.isdigit() else delay):
+                    delay = min(delay * 2, 5.0)
+                    continue
             if r.status_code == 204:
                 return None
             try:
@@ -97,7 +116,17 @@ class Client:
                 err = body.get("error", {}) if isinstance(body, dict) else {}
                 raise ServiceError(r.status_code, err.get("message", r.reason), body)
             return body
-        raise AssertionError("unreachable")
+
+    def _again(self, retry: bool, attempt: int, deadline: float, wait: float) -> bool:
+        """Sleep before the next attempt if one is allowed (by ``retry``, ``retries`` and the
+        deadline); whether to try again."""
+        if not retry or (self.retries is not None and attempt > self.retries):
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(wait, left))
+        return True
 
     # ------------------------------------------------------------------ studies
     def create_study(self, name: str, models: list[str], **config: Any) -> dict[str, Any]:

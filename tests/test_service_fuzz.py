@@ -1,9 +1,11 @@
 """Fuzz the real service over HTTP with malformed requests (seeded, ``random.Random(0)``).
 
 Every request below is invalid by construction: a wrong type, a value out of bounds, a missing or
-unknown field, an unparseable or oversized body, bad or missing credentials, a wrong content type, a
-wrong method, an unknown study / trial / operation, a bad page size or token, an architecture that
-looks like a file path. For every response the test holds the service to its error contract: a 4xx
+unknown field, an unparseable or oversized body, bad or missing credentials (also with a body, which
+is refused before it is read), a wrong content type, a wrong method, an unknown study / trial /
+operation, a bad page size or token, an architecture that looks like a file path, too many or too
+large headers (431), and a body that stops half way (408 after the body deadline, sent from bare
+sockets in parallel). For every response the test holds the service to its error contract: a 4xx
 (never a 2xx, never a 5xx), a JSON body ``{"error": {"code": STATUS, "status", "message"}}`` with a
 non-empty message, and no traceback anywhere. The requests go out through a plain
 ``requests.Session`` (no retries) and deliberately bypass ``archplace.client``. Afterwards the service
@@ -21,11 +23,13 @@ import json
 import random
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import requests
+from raw_http import RawResponse, open_request, read_response
 from service_util import start_service
 
 pytestmark = pytest.mark.slow
@@ -80,6 +84,8 @@ class Case:
     content_length: str | None = None   # a Content-Length that lies about the body
     fresh: bool = False            # own connection (a body the server may not read)
     files: dict | None = None
+    headers: list[tuple[str, str]] | None = None   # extra headers
+    slow: int | None = None        # a bare socket sends only this many bytes of the body, then waits
 
 
 @dataclass
@@ -443,6 +449,71 @@ def auth_cases(rng: random.Random, revoked: str) -> list[Case]:
     return out
 
 
+HEADER_COUNT, HEADER_BYTES = 100, 16_384      # the HTTP guard's limits (http_guard.HttpLimits)
+
+
+def header_cases() -> list[Case]:
+    """Too many headers, or too many bytes of them: a 431 before the token or the body is looked at.
+    The old code had no limit (a 10 MB header was accepted)."""
+    out: list[Case] = []
+    ok_suggest = dumps({"count": 1, "client_id": "fz-fuzz"})
+    routes = [("GET", "/v1/studies", None), ("POST", "/v1/studies/fz/trials:suggest", ok_suggest),
+              ("GET", "/v1/health", None), ("GET", "/v1/nope", None)]
+    for m, p, b in routes:
+        for n in (HEADER_COUNT + 1, 150, 1000):
+            out.append(Case("headers", m, p, codes(431), b, headers=[(f"x-fz-{i}", "1") for i in range(n)],
+                            fresh=True))
+        for size in (HEADER_BYTES + 1, 100_000, 1_000_000, 10_000_000):
+            out.append(Case("headers", m, p, codes(431), b, headers=[("x-fz-big", "b" * size)], fresh=True))
+        out.append(Case("headers", m, p, codes(431), b, headers=[(f"x-fz-{i}", "v" * 200) for i in range(90)],
+                        fresh=True))                          # 90 headers of 200 bytes: over in total
+    for auth in (None, Header("Bearer ap_forged")):           # no valid token: still a 431 first
+        out.append(Case("headers", "GET", "/v1/studies", codes(431), auth=auth,
+                        headers=[("x-fz-big", "b" * 20_000)], fresh=True))
+    out.append(Case("headers", "GET", "/v1/studies", codes(431), auth=Header("Bearer ap_" + "a" * 20_000),
+                    fresh=True))
+    # under the limits, invalid for another reason: the limits do not fire early
+    out.append(Case("headers", "POST", "/v1/studies/fz/trials:suggest", V, b'{"count": 0}',
+                    headers=[(f"x-fz-{i}", "v" * 100) for i in range(80)]))
+    out.append(Case("headers", "POST", "/v1/studies/fz/trials:suggest", V, b'{"count": 0}',
+                    headers=[("x-fz-big", "b" * 12_000)]))
+    return out
+
+
+def unauthenticated_body_cases() -> list[Case]:
+    """No valid token, and a body: a 401 from the headers alone, whatever the body is (huge, lying
+    about its length, chunked, unparseable). The old code read the body first."""
+    out: list[Case] = []
+    for auth in (None, Header("Bearer ap_forged"), Header("Basic dXNlcjpwYXNz")):
+        for p in ("/v1/studies", "/v1/studies/fz/trials:suggest", "/v1/evaluations"):
+            out.append(Case("unauth-body", "POST", p, codes(401), b"x" * 70_000, auth=auth, fresh=True))
+            out.append(Case("unauth-body", "POST", p, codes(401), b"{", auth=auth))
+            out.append(Case("unauth-body", "POST", p, codes(401), b'{"count": 1}', auth=auth,
+                            content_length=str(LIMIT + 1), fresh=True))
+            out.append(Case("unauth-body", "POST", p, codes(401), b"y" * 100_000, auth=auth, chunked=True,
+                            fresh=True))
+    return out
+
+
+def slow_cases() -> list[Case]:
+    """Bodies that stop half way, sent from bare sockets that then wait: a 408 once the body deadline
+    (10 s) has passed with a valid token, and at once without one or with a length over the limit.
+    The old code waited for the rest of the body as long as the client kept the connection."""
+    ok_suggest = dumps({"count": 1, "client_id": "fz-slow"})
+    create = dumps({"name": "fz-slow", "models": ["bert-base"]})
+    out = []
+    for p, body in (("/v1/studies/fz/trials:suggest", ok_suggest), ("/v1/studies", create),
+                    ("/v1/studies/fz/trials/2:complete", dumps({"value": 1.0}))):
+        for sent in (0, 1, len(body) // 2, len(body) - 1):
+            out.append(Case("slow-body", "POST", p, codes(408), body, slow=sent))
+        out.append(Case("slow-body", "POST", p, codes(401), body, slow=len(body) // 2, auth=None))
+        out.append(Case("slow-body", "POST", p, codes(401), body, slow=3, auth=Header("Bearer ap_forged")))
+        out.append(Case("slow-body", "POST", p, codes(413), body, slow=3, content_length=str(LIMIT + 1)))
+        out.append(Case("slow-body", "POST", p, codes(431), body, slow=3,
+                        headers=[("x-fz-big", "b" * 20_000)]))
+    return out
+
+
 # ---------------------------------------------------------------------------- random combinations
 def random_case(rng: random.Random) -> Case:
     ep = rng.choice(list(ENDPOINTS))
@@ -468,17 +539,38 @@ def svc(ray_session, tmp_path_factory):
     serve.shutdown()
 
 
-def _send(session: requests.Session, svc, case: Case) -> requests.Response:
-    headers: dict[str, Any] = {}
-    if case.ctype is not None and case.files is None:
-        headers["Content-Type"] = case.ctype
+def _auth_header(svc, case: Case) -> str | bytes | None:
     if isinstance(case.auth, Header):
         v = case.auth.value
         if isinstance(v, str):
             v = v.format(alice=svc.tokens["alice"], alice_upper=svc.tokens["alice"].upper())
-        headers["Authorization"] = v
-    elif case.auth is not None:
-        headers["Authorization"] = f"Bearer {svc.tokens[case.auth]}"
+        return v
+    return None if case.auth is None else f"Bearer {svc.tokens[case.auth]}"
+
+
+def _send_slow(svc, case: Case, wait_s: float) -> RawResponse:
+    """Headers, the first ``case.slow`` bytes of the body, then nothing until the answer."""
+    headers = [("Content-Type", case.ctype or "application/json"), *(case.headers or [])]
+    auth = _auth_header(svc, case)
+    if auth is not None:
+        headers.append(("Authorization", auth if isinstance(auth, str) else auth.decode("latin-1")))
+    length = int(case.content_length) if case.content_length is not None else len(case.body or b"")
+    port = int(svc.url.rsplit(":", 1)[1])
+    s = open_request(port, case.method, case.path, headers=headers, body=(case.body or b"")[:case.slow],
+                     content_length=length)
+    try:
+        return read_response(s, wait_s)
+    finally:
+        s.close()
+
+
+def _send(session: requests.Session, svc, case: Case) -> requests.Response:
+    headers: dict[str, Any] = dict(case.headers or [])
+    if case.ctype is not None and case.files is None:
+        headers["Content-Type"] = case.ctype
+    auth = _auth_header(svc, case)
+    if auth is not None:
+        headers["Authorization"] = auth
     data: Any = case.body
     if case.chunked and data is not None:
         raw = data
@@ -539,7 +631,8 @@ def test_malformed_requests_get_json_4xx_and_change_nothing(svc):
     before = {t["number"]: (t["state"], t["value"]) for t in a.trials("fz")}
 
     rng = random.Random(0)
-    cases = body_cases(rng) + path_cases() + auth_cases(rng, revoked)
+    cases = (body_cases(rng) + path_cases() + auth_cases(rng, revoked) + header_cases()
+             + unauthenticated_body_cases())
     rng.shuffle(cases)
     cases += [random_case(rng) for _ in range(RANDOM)]
     assert len(cases) >= MIN_REQUESTS
@@ -564,6 +657,24 @@ def test_malformed_requests_get_json_4xx_and_change_nothing(svc):
                 body = (case.body or b"")[:120]
                 problems.append(f"{case.cat} {case.method} {case.path[:80]} params={case.params} "
                                 f"body={body!r}: {bad}")
+    # the slow bodies, all at once: each waits for the 10 s body deadline
+    slow = slow_cases()
+    with ThreadPoolExecutor(len(slow)) as pool:
+        futures = [(case, pool.submit(_send_slow, svc, case, 60.0)) for case in slow]
+        for case, fut in futures:
+            try:
+                r = fut.result()
+            except OSError as e:
+                problems.append(f"{case.cat} {case.method} {case.path[:80]} slow={case.slow}: no response "
+                                f"({type(e).__name__}: {e})")
+                hist["no-response"] += 1
+                continue
+            hist[r.status_code] += 1
+            by_cat[case.cat] += 1
+            bad = _check(case, r)
+            if bad:
+                problems.append(f"{case.cat} {case.method} {case.path[:80]} slow={case.slow}: {bad}")
+    cases += slow
     wall = time.monotonic() - t0
     print(f"\nfuzz: {len(cases)} requests in {wall:.1f} s; "
           f"status histogram {dict(sorted(hist.items(), key=str))}")

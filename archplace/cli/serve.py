@@ -43,6 +43,19 @@ def add_parser(sub) -> None:
     s.add_argument("--replicas", type=int, default=1)
     s.add_argument("--max-ongoing-requests", type=int, default=128)
     s.add_argument("--max-queued-requests", type=int, default=512)
+    s.add_argument(
+        "--max-requests-per-ip",
+        type=int,
+        default=None,
+        help="requests of one client address in flight per replica, above which it gets 503 with "
+        "Retry-After (default: half of --max-ongoing-requests)",
+    )
+    s.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        help="a request body must arrive within this many seconds, else 408 (default 10)",
+    )
     s.add_argument("--json", action="store_true", help="print one JSON line once the service is up")
     tsub = s.add_subparsers(dest="serve_command")
     tok = tsub.add_parser("token", help="create or revoke an owner's bearer tokens")
@@ -55,9 +68,12 @@ def run(args) -> int:
     """Returns the exit status; errors are one line on stderr, as everywhere in the CLI."""
     from archplace.service.auth import create_token, revoke_tokens
     from archplace.service.db import make_engine
+    from archplace.service.deployment import secure_db_file
 
     if args.serve_command == "token":
-        engine = make_engine(args.token_db or args.db or default_db())
+        db = args.token_db or args.db or default_db()
+        secure_db_file(db)  # the first token usually creates the database: 0600 from the start
+        engine = make_engine(db)
         if args.action == "create":
             token = create_token(engine, args.owner)
             print(f"token for owner {args.owner!r} (shown once; only its hash is stored):")
@@ -75,7 +91,7 @@ def serve_forever(args) -> int:
     from ray import serve
 
     from archplace.platform.search import connect
-    from archplace.service.deployment import ServeConfig, check_config, port_free, start
+    from archplace.service.deployment import ServeConfig, check_config, port_free, start, wait_port_free
 
     cfg = ServeConfig(
         db=args.db or default_db(),
@@ -85,12 +101,20 @@ def serve_forever(args) -> int:
         replicas=args.replicas,
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
+        max_requests_per_ip=args.max_requests_per_ip,
+        body_timeout_s=args.body_timeout_s,
     )
     check_config(cfg)
     if not port_free(cfg.host, cfg.port):
         raise ValueError(f"--port {cfg.port} on {cfg.host} is in use")
     connect(args.address)
-    url = start(cfg)
+    try:
+        url = start(cfg)
+    except Exception as e:  # Ray or Serve could not start it: one line, as every CLI error
+        if isinstance(e, (ValueError, OSError, TimeoutError)):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise OSError(f"Ray Serve could not start the service: {type(e).__name__}: {first}") from None
     info = {"url": url, "docs": f"{url}/docs", "db": cfg.db, "auth": cfg.auth}
     if args.json:
         print(json.dumps(info), flush=True)
@@ -109,6 +133,9 @@ def serve_forever(args) -> int:
     stop.wait()
     print("shutting down", file=sys.stderr, flush=True)
     serve.shutdown()
+    # exit only once the proxy has let go of the port, so a restart on it can bind at once
+    if not wait_port_free(cfg.host, cfg.port, timeout_s=30):
+        print(f"warning: --port {cfg.port} still in use 30 s after shutdown", file=sys.stderr, flush=True)
     return 0
 
 

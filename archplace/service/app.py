@@ -11,12 +11,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import LOCAL_OWNER, TokenCache
+from .http_guard import SCOPE_OWNER, Guard, HttpLimits
 from .operations import OperationService, QueueFull
 from .schemas import (
     LIMITS,
@@ -46,11 +47,13 @@ STATUS = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
+    408: "REQUEST_TIMEOUT",
     409: "ALREADY_EXISTS",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
+    431: "REQUEST_HEADER_FIELDS_TOO_LARGE",
     500: "INTERNAL",
     503: "UNAVAILABLE",
 }
@@ -60,6 +63,7 @@ STATUS = {
 class ServiceState:
     engine: Any
     auth: str = "token"  # "token" or "none" (loopback only; checked by the server)
+    limits: HttpLimits = field(default_factory=HttpLimits)  # the HTTP guard's (http_guard.py)
     studies: StudyService = field(init=False)
     operations: OperationService = field(init=False)
     tokens: TokenCache = field(init=False)
@@ -80,40 +84,6 @@ def error(code: int, message: str, headers: dict[str, str] | None = None, **extr
     )
 
 
-class BodyLimit:
-    """Pure ASGI middleware: a body over ``limit`` bytes is a 413 before the app reads it (by its
-    Content-Length, or while a chunked body streams in)."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length":
-                if not v.isdigit() or int(v) > self.limit:
-                    resp = error(
-                        413,
-                        f"request body over {self.limit} bytes"
-                        if v.isdigit()
-                        else "Content-Length must be a number of bytes",
-                    )
-                    return await resp(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:  # FastAPI passes an HTTPException through its body parsing
-                    raise HTTPException(413, f"request body over {self.limit} bytes")
-            return msg
-
-        return await self.app(scope, limited, send)
-
-
 def _field(loc: tuple) -> str:
     parts = [str(p) for p in loc if p not in ("body",)]
     return ".".join(parts) or "body"
@@ -127,7 +97,15 @@ def create_app(state: ServiceState) -> FastAPI:
         "architectures and placements. Every request needs `Authorization: Bearer "
         "TOKEN` unless the service runs with --auth none on 127.0.0.1.",
     )
-    app.add_middleware(BodyLimit, limit=LIMITS["body_bytes"])
+    # outermost: header limits, the token, the per-address cap and the body deadline, before any
+    # of the body is read (http_guard.py)
+    app.add_middleware(
+        Guard,
+        limits=state.limits,
+        tokens=state.tokens if state.auth == "token" else None,
+        local_owner=LOCAL_OWNER,
+        error=error,
+    )
 
     # ------------------------------------------------------------------ errors
     @app.exception_handler(RequestValidationError)
@@ -167,6 +145,9 @@ def create_app(state: ServiceState) -> FastAPI:
 
     # ------------------------------------------------------------------ auth
     def owner(request: Request) -> str:
+        who = request.scope.get(SCOPE_OWNER)  # the guard checked the token before the body came
+        if who is not None:
+            return who
         if state.auth == "none":
             return LOCAL_OWNER
         header = request.headers.get("authorization", "")

@@ -21,6 +21,14 @@ OWNER_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 LOCAL_OWNER = "local"  # the owner of every request when the service runs with --auth none
 
 
+class _Miss:
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+MISS = _Miss()  # TokenCache.peek: not cached (or stale), the database must be asked
+
+
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -64,27 +72,60 @@ def count_tokens(engine: sa.Engine) -> int:
 
 class TokenCache:
     """Token hash -> owner, re-read from the database at most every ``ttl_s`` seconds per token, so
-    a revoked token stops working within that time and a request costs no database read."""
+    a revoked token stops working within that time and a request costs no database read.
 
-    def __init__(self, engine: sa.Engine, ttl_s: float = 2.0) -> None:
+    Unknown tokens are cached apart from known ones, each side bounded: a flood of forged tokens
+    clears only the negative side, never the owners' entries (it used to clear both)."""
+
+    def __init__(self, engine: sa.Engine, ttl_s: float = 2.0, max_entries: int = 10_000) -> None:
         self.engine = engine
         self.ttl_s = ttl_s
-        self._cache: dict[str, tuple[str | None, float]] = {}
+        self.max_entries = max_entries
+        self._known: dict[str, tuple[str, float]] = {}
+        self._unknown: dict[str, float] = {}
 
-    def owner(self, token: str) -> str | None:
-        if not token.startswith("ap_") or len(token) > 128:
+    @staticmethod
+    def _plausible(token: str) -> bool:
+        return token.startswith("ap_") and len(token) <= 128
+
+    def peek(self, token: str):
+        """The owner (or None for a bad token) if that is known without the database, else
+        ``MISS``. Never blocks, so the HTTP guard calls it on the event loop."""
+        if not self._plausible(token):
             return None
         h = token_hash(token)
-        hit = self._cache.get(h)
         now = time.monotonic()
+        hit = self._known.get(h)
         if hit is not None and now - hit[1] < self.ttl_s:
             return hit[0]
+        seen = self._unknown.get(h)
+        if seen is not None and now - seen < self.ttl_s:
+            return None
+        return MISS
+
+    def owner(self, token: str) -> str | None:
+        if not self._plausible(token):
+            return None
+        h = token_hash(token)
+        now = time.monotonic()
+        hit = self._known.get(h)
+        if hit is not None and now - hit[1] < self.ttl_s:
+            return hit[0]
+        seen = self._unknown.get(h)
+        if seen is not None and now - seen < self.ttl_s:
+            return None
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.select(tokens.c.owner).where(tokens.c.token_sha256 == h, tokens.c.revoked.is_(False))
             ).first()
-        owner = row[0] if row else None
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[h] = (owner, now)
-        return owner
+        if row is None:
+            if len(self._unknown) >= self.max_entries:
+                self._unknown.clear()
+            self._unknown[h] = now
+            self._known.pop(h, None)  # revoked since it was cached
+            return None
+        if len(self._known) >= self.max_entries:
+            self._known.clear()
+        self._known[h] = (row[0], now)
+        self._unknown.pop(h, None)
+        return row[0]

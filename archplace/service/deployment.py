@@ -6,13 +6,19 @@ Each replica builds the app at start (``__serve_build_asgi_app__``) over its own
 study guarantees live in the transactions, see ``studies.py``); with SQLite, which is a file, the
 replicas are pinned to the node that started the service. Backpressure is Serve's: at most
 ``max_ongoing_requests`` per replica at once and ``max_queued_requests`` waiting, beyond which the
-proxy answers 503 with ``Retry-After``; long work never holds a request (operations).
+proxy answers 503 with ``Retry-After``; long work never holds a request (operations). In front of the
+app, ``http_guard.Guard`` turns slow and hostile clients away before they can hold a slot.
+
+Exposure: the HTTP port binds ``--host``; each replica's internal gRPC server (Serve binds it to all
+interfaces) is bound to the Ray node's address instead, which is 127.0.0.1 for the embedded Ray; the
+SQLite file is made 0600 before anything opens it (``secure_db_file``).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -37,6 +43,18 @@ class ServeConfig:
     max_queued_requests: int = 512
     retry_after_s: int = 2
     max_running_operations: int | None = None  # default: the cluster's CPUs
+    max_requests_per_ip: int | None = None  # per replica; default: half of max_ongoing_requests
+    body_timeout_s: float = 10.0  # the whole body must arrive within this, else a 408
+
+    def http_limits(self):
+        from .http_guard import HttpLimits
+
+        per_ip = self.max_requests_per_ip
+        return HttpLimits(
+            body_timeout_s=self.body_timeout_s,
+            max_requests_per_ip=max(1, self.max_ongoing_requests // 2) if per_ip is None else per_ip,
+            retry_after_s=self.retry_after_s,
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +77,11 @@ def check_config(cfg: ServeConfig) -> None:
         raise ValueError(f"--port must be in [1, 65535], got {cfg.port}")
     if cfg.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {cfg.replicas}")
+    if cfg.max_requests_per_ip is not None and cfg.max_requests_per_ip < 1:
+        raise ValueError(f"--max-requests-per-ip must be >= 1, got {cfg.max_requests_per_ip}")
+    if not 0 < cfg.body_timeout_s <= 3600:
+        raise ValueError(f"--body-timeout-s must be in (0, 3600], got {cfg.body_timeout_s}")
+    secure_db_file(cfg.db)
     if not is_loopback(cfg.host):
         if cfg.auth == "none":
             raise ValueError(
@@ -73,14 +96,65 @@ def check_config(cfg: ServeConfig) -> None:
             )
 
 
+def secure_db_file(db: str) -> None:
+    """Make a SQLite database file readable by its owner only (0600), creating it empty if need be,
+    before SQLite opens it: SQLite gives its -wal and -shm files the database file's mode, and would
+    otherwise create all three with the umask's (0644 before, so anyone on the machine could read the
+    studies and token hashes). An existing file is narrowed, with its -wal and -shm. A URL of another
+    database is left alone."""
+    from .db import database_url
+
+    url = database_url(db)  # creates the parent directory
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return
+    path = url[len("sqlite:///"):]
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for p in (path, path + "-wal", path + "-shm"):
+        try:
+            if os.stat(p).st_mode & 0o077:
+                os.chmod(p, 0o600)
+        except FileNotFoundError:
+            pass
+
+
+def bind_internal_grpc_to_node_ip() -> None:
+    """Serve starts a gRPC server in every replica for calls between deployments and binds it to
+    ``[::]:0``, all interfaces, whatever ``--host`` says. Serve dials it at the replica's Ray node
+    address, so binding that address alone loses nothing, and for the embedded Ray it is 127.0.0.1.
+    Serve has no option for it: this wraps the function its replica calls, in this replica's process
+    only (called from the replica's constructor, which Serve runs before it starts that server)."""
+    import ray
+    from ray.serve._private import replica as serve_replica
+
+    add = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if add is None or getattr(add, "_archplace", False):
+        if add is None:
+            logger.warning("this Ray Serve has no replica.add_port_to_grpc_server: its internal gRPC "
+                           "server keeps Serve's own address")
+        return
+    ip = ray.util.get_node_ip_address()
+    host = f"[{ip}]" if ":" in ip else ip
+
+    def bind(server, address: str):
+        return add(server, f"{host}:0" if address == "[::]:0" else address)
+
+    bind._archplace = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = bind
+
+
 @serve.ingress()
 class ArchplaceService:
-    def __init__(self, db: str, auth: str, max_running_operations: int | None) -> None:
+    def __init__(self, db: str, auth: str, max_running_operations: int | None, limits=None) -> None:
         from .app import ServiceState
         from .db import make_engine
+        from .http_guard import HttpLimits
         from .operations import OperationRunner
 
-        self.state = ServiceState(make_engine(db), auth=auth)
+        bind_internal_grpc_to_node_ip()
+        self.state = ServiceState(make_engine(db), auth=auth, limits=limits or HttpLimits())
         self.runner = OperationRunner(self.state.engine, max_running=max_running_operations).start()
 
     def __serve_build_asgi_app__(self):
@@ -113,15 +187,28 @@ def build(cfg: ServeConfig):
         health_check_timeout_s=10,
         graceful_shutdown_timeout_s=5,
     )
-    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations)
+    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations, cfg.http_limits())
 
 
 def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
     """Deploy on the connected Ray and wait until the app answers; returns the base URL."""
     import urllib.request
 
+    from ray.exceptions import RayActorError
+
     check_config(cfg)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    for attempt in range(3):
+        # Serve's controller kills a proxy that is not ready within 5 s and starts another with a
+        # longer limit, but serve.start raises on the first one: on a loaded machine that made a
+        # start (or restart) fail for nothing, so it is asked again, saying so
+        try:
+            serve.start(http_options={"host": cfg.host, "port": cfg.port})
+            break
+        except RayActorError as e:
+            if attempt == 2:
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            logger.warning("Serve's HTTP proxy died while starting (%s); starting Serve again", first)
     serve.run(build(cfg), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if cfg.host in ('0.0.0.0', 'localhost') else cfg.host}:{cfg.port}"
     if ":" in cfg.host and not cfg.host.startswith("["):
@@ -140,9 +227,24 @@ def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether Serve's proxy can bind ``host:port``. With ``SO_REUSEADDR``, as every server sets it:
+    without it the connections a stopped service closed (TIME_WAIT, 60 s on Linux) made the port look
+    taken, and a restart on the same port was refused for a minute; a live listener still counts."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
             return False
+    return True
+
+
+def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    """Wait until nothing listens on ``host:port`` (Serve's proxy is a separate process that lets go
+    of the port a moment after ``serve.shutdown()`` returns)."""
+    deadline = time.monotonic() + timeout_s
+    while not port_free(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
     return True
