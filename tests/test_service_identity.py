@@ -114,3 +114,28 @@ def test_a_database_of_the_old_schema_is_refused_in_one_line(tmp_path):
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and "schema 1" in msg and "start with a new one" in msg
     assert str(db) in msg
+
+
+def test_serve_checks_the_schema_and_passes_the_owner_limits(tmp_path):
+    """`archplace serve` on a loopback host opened the database only inside the replicas, so an
+    old-schema database made the start time out after 120 s instead of a one-line error; and the
+    per-owner limits had no flags. Both are now checked and passed before Serve starts."""
+    from archplace.service.app import ServiceState
+    from archplace.service.db import make_engine
+    from archplace.service.deployment import ServeConfig, check_config
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE studies (id INTEGER PRIMARY KEY, owner VARCHAR(64), name VARCHAR(64), "
+            "config_json TEXT, created_at FLOAT, seq INTEGER, trial_count INTEGER, done_reason TEXT)"
+        )
+    with pytest.raises(ValueError, match="schema 1"):
+        check_config(ServeConfig(db=str(db), host="127.0.0.1", auth="none"))
+    with pytest.raises(ValueError, match="--max-studies-per-owner must be >= 1, got 0"):
+        check_config(ServeConfig(db=str(tmp_path / "new.db"), max_studies_per_owner=0))
+    cfg = ServeConfig(db=str(tmp_path / "new.db"), max_studies_per_owner=3)
+    check_config(cfg)
+    assert cfg.study_limits() == {"max_studies": 3, "max_points": 5_000_000}
+    state = ServiceState(make_engine(cfg.db), auth="none", study_limits=cfg.study_limits())
+    assert (state.studies.max_studies, state.studies.max_points) == (3, 5_000_000)

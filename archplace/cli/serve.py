@@ -56,6 +56,11 @@ def add_parser(sub) -> None:
         default=10.0,
         help="a request body must arrive within this many seconds, else 408 (default 10)",
     )
+    s.add_argument("--max-studies-per-owner", type=int, default=None,
+                   help="studies one owner may keep; a create above it is a 409 (default 100)")
+    s.add_argument("--max-points-per-owner", type=int, default=None,
+                   help="feasible architectures over all of one owner's studies; a create above it is "
+                   "a 409 (default 5,000,000)")
     s.add_argument("--json", action="store_true", help="print one JSON line once the service is up")
     tsub = s.add_subparsers(dest="serve_command")
     tok = tsub.add_parser("token", help="create or revoke an owner's bearer tokens")
@@ -103,6 +108,8 @@ def serve_forever(args) -> int:
         max_queued_requests=args.max_queued_requests,
         max_requests_per_ip=args.max_requests_per_ip,
         body_timeout_s=args.body_timeout_s,
+        max_studies_per_owner=args.max_studies_per_owner,
+        max_points_per_owner=args.max_points_per_owner,
     )
     check_config(cfg)
     if not port_free(cfg.host, cfg.port):

@@ -64,6 +64,7 @@ class ServiceState:
     engine: Any
     auth: str = "token"  # "token" or "none" (loopback only; checked by the server)
     limits: HttpLimits = field(default_factory=HttpLimits)  # the HTTP guard's (http_guard.py)
+    study_limits: dict[str, int] = field(default_factory=dict)  # StudyService's max_studies, max_points
     studies: StudyService = field(init=False)
     operations: OperationService = field(init=False)
     tokens: TokenCache = field(init=False)
@@ -71,7 +72,7 @@ class ServiceState:
     def __post_init__(self) -> None:
         if self.auth not in ("token", "none"):
             raise ValueError(f"auth must be 'token' or 'none', got {self.auth!r}")
-        self.studies = StudyService(self.engine)
+        self.studies = StudyService(self.engine, **self.study_limits)
         self.operations = OperationService(self.engine)
         self.tokens = TokenCache(self.engine)
 

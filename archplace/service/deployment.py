@@ -45,6 +45,14 @@ class ServeConfig:
     max_running_operations: int | None = None  # default: the cluster's CPUs
     max_requests_per_ip: int | None = None  # per replica; default: half of max_ongoing_requests
     body_timeout_s: float = 10.0  # the whole body must arrive within this, else a 408
+    max_studies_per_owner: int | None = None  # default: schemas.LIMITS["studies_per_owner"]
+    max_points_per_owner: int | None = None  # feasible architectures over an owner's studies
+
+    def study_limits(self) -> dict[str, int]:
+        from .schemas import LIMITS
+
+        return {"max_studies": self.max_studies_per_owner or LIMITS["studies_per_owner"],
+                "max_points": self.max_points_per_owner or LIMITS["space_points_per_owner"]}
 
     def http_limits(self):
         from .http_guard import HttpLimits
@@ -81,7 +89,14 @@ def check_config(cfg: ServeConfig) -> None:
         raise ValueError(f"--max-requests-per-ip must be >= 1, got {cfg.max_requests_per_ip}")
     if not 0 < cfg.body_timeout_s <= 3600:
         raise ValueError(f"--body-timeout-s must be in (0, 3600], got {cfg.body_timeout_s}")
+    for flag, v in (("--max-studies-per-owner", cfg.max_studies_per_owner),
+                    ("--max-points-per-owner", cfg.max_points_per_owner)):
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
     secure_db_file(cfg.db)
+    # opened here on every host, so a database this version cannot use (an older schema) is refused
+    # in one line before Serve starts, not inside a replica's constructor (a start timeout)
+    engine = make_engine(cfg.db)
     if not is_loopback(cfg.host):
         if cfg.auth == "none":
             raise ValueError(
@@ -89,7 +104,7 @@ def check_config(cfg: ServeConfig) -> None:
                 "authentication (use --auth token and create tokens with "
                 "`archplace serve token create OWNER`)"
             )
-        if count_tokens(make_engine(cfg.db)) == 0:
+        if count_tokens(engine) == 0:
             raise ValueError(
                 f"--host {cfg.host} is not a loopback address and the database has no token: "
                 "create one first with `archplace serve token create OWNER --db ...`"
@@ -147,14 +162,16 @@ def bind_internal_grpc_to_node_ip() -> None:
 
 @serve.ingress()
 class ArchplaceService:
-    def __init__(self, db: str, auth: str, max_running_operations: int | None, limits=None) -> None:
+    def __init__(self, db: str, auth: str, max_running_operations: int | None, limits=None,
+                 study_limits: dict[str, int] | None = None) -> None:
         from .app import ServiceState
         from .db import make_engine
         from .http_guard import HttpLimits
         from .operations import OperationRunner
 
         bind_internal_grpc_to_node_ip()
-        self.state = ServiceState(make_engine(db), auth=auth, limits=limits or HttpLimits())
+        self.state = ServiceState(make_engine(db), auth=auth, limits=limits or HttpLimits(),
+                                  study_limits=study_limits or {})
         self.runner = OperationRunner(self.state.engine, max_running=max_running_operations).start()
 
     def __serve_build_asgi_app__(self):
@@ -187,7 +204,7 @@ def build(cfg: ServeConfig):
         health_check_timeout_s=10,
         graceful_shutdown_timeout_s=5,
     )
-    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations, cfg.http_limits())
+    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations, cfg.http_limits(), cfg.study_limits())
 
 
 def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
