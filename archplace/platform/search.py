@@ -336,81 +336,93 @@ def _sigint_stops(event: threading.Event):
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
 
 
-def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
-                    cache_file, space, on_evaluated: Callable[[dict[str, Any]], None] | None = None):
-    """A Tune Callback (built lazily so this module imports without Ray) that streams every reported
-    architecture into the result store and newly solved slices into the schedule cache, and records
-    the architectures a failed trial left unevaluated once the searcher has given up on them."""
+class _StoreSink:
+    """What the Tune callback does, in the driver: every reported architecture into the result store,
+    newly solved slices into the schedule cache, and the architectures a failed trial left
+    unevaluated (once the searcher has given up on them) as failed rows."""
+
+    def __init__(self, store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
+                 cache_file: ScheduleCacheFile, space, on_evaluated: Callable[[dict[str, Any]], None] | None):
+        self.store, self.meta, self.progress, self.searcher = store, meta, progress, searcher
+        self.cache_file, self.space, self.hook = cache_file, space, on_evaluated
+        self.settings = SearchSettings.from_dict(meta["settings"])
+        self.counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
+
+    def result(self, result: dict[str, Any]) -> None:
+        # the rows and slices leave the result here (Tune lets a callback change it in place), so
+        # Tune's experiment state keeps only the metric and the small fields (issue 29)
+        rows_json = result.pop("rows_json", None) or "[]"
+        solved_json = result.pop("solved_json", None) or "{}"
+        by_arch: dict[str, list[dict[str, Any]]] = {}
+        c = self.counts
+        for r in json.loads(rows_json):
+            by_arch.setdefault(r["arch_key"], []).append(r)
+            c["lookups"] += int(r.get("ilp_lookups", 0))
+            c["unique"] += int(r.get("ilp_unique", 0))
+            c["cache_hits"] += int(r.get("cache_hits", 0))
+            c["solved"] += int(r.get("ilp_solved", 0))
+        for rows in by_arch.values():
+            self.store.add(rows, self.meta["searcher"])
+            value = float(np.mean([r["throughput"] for r in rows]))
+            if self.progress:
+                self.progress.update(value)
+            if self.hook is not None:
+                self.hook({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
+                           "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
+                           "status": "ok" if all(r.get("status") == "ok" for r in rows) else "infeasible"})
+        self.cache_file.append(json.loads(solved_json))
+        if by_arch:
+            self.store.write_best(self.meta)
+
+    def error(self, trial) -> None:
+        from ..algorithms.search import nearest_index
+        from .evaluate import arch_columns
+
+        self.counts["trial_errors"] += 1
+        final = getattr(self.searcher, "final_failures", None)
+        if final is not None:
+            indices = final.pop(trial.trial_id, [])
+        else:   # optuna: one architecture per trial, retried by Tune itself
+            indices = [nearest_index(self.space, trial.config)]
+        text = _error_text(trial).strip().splitlines()
+        msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
+                   text[-1] if text else "evaluation failed")
+        for idx in indices:
+            acc = self.space.accelerator(idx)
+            rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
+                     "error": msg.strip()[:500], "throughput": 0.0, "schedule": self.settings.schedule,
+                     "trial_id": trial.trial_id, "finished_at": time.time()} for m in self.settings.models]
+            self.store.add(rows, self.meta["searcher"])
+            if self.progress:
+                self.progress.update(None, failed=True)
+            if self.hook is not None:
+                self.hook({"space_index": idx, "arch_key": rows[0]["arch_key"],
+                           "arch_label": rows[0]["arch_label"], "throughput_avg": None, "status": "failed",
+                           "error": rows[0]["error"]})
+        self.store.write_best(self.meta)
+
+
+def _store_callback(sink: _StoreSink):
+    """The Tune Callback (built lazily so this module imports without Ray) that hands results and
+    errors to ``sink``. It holds only the sink's registry key: Tune pickles its callbacks into
+    ``tuner.pkl``, and a callback holding the store pickled every resumed row there (issue 29)."""
     from ray.tune import Callback
 
-    from ..algorithms.search import nearest_index
-    from .evaluate import arch_columns
-
-    settings = SearchSettings.from_dict(meta["settings"])
-    counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
-    hook_key = _driver_key(on_evaluated)
-
-    def report(info: dict[str, Any]) -> None:
-        from archplace.platform.search import _driver_object
-
-        hook = _driver_object(hook_key)
-        if hook is not None:
-            hook(info)
-
     class StoreCallback(Callback):
+        def __init__(self, key: str | None) -> None:
+            self.key = key
+
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            # the rows and slices leave the result here (Tune lets a callback change it in place), so
-            # Tune's experiment state keeps only the metric and the small fields (issue 29)
-            rows_json = result.pop("rows_json", None) or "[]"
-            solved_json = result.pop("solved_json", None) or "{}"
-            by_arch: dict[str, list[dict[str, Any]]] = {}
-            for r in json.loads(rows_json):
-                by_arch.setdefault(r["arch_key"], []).append(r)
-                counts["lookups"] += int(r.get("ilp_lookups", 0))
-                counts["unique"] += int(r.get("ilp_unique", 0))
-                counts["cache_hits"] += int(r.get("cache_hits", 0))
-                counts["solved"] += int(r.get("ilp_solved", 0))
-            for rows in by_arch.values():
-                store.add(rows, meta["searcher"])
-                value = float(np.mean([r["throughput"] for r in rows]))
-                if progress:
-                    progress.update(value)
-                if hook_key is not None:
-                    report({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
-                                  "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
-                                  "status": "ok" if all(r.get("status") == "ok" for r in rows) else
-                                  "infeasible"})
-            cache_file.append(json.loads(solved_json))
-            if by_arch:
-                store.write_best(meta)
+            from archplace.platform.search import _driver_object
+
+            _driver_object(self.key).result(result)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            counts["trial_errors"] += 1
-            final = getattr(searcher, "final_failures", None)
-            if final is not None:
-                indices = final.pop(trial.trial_id, [])
-            else:   # optuna: one architecture per trial, retried by Tune itself
-                indices = [nearest_index(space, trial.config)]
-            text = _error_text(trial).strip().splitlines()
-            msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
-                       text[-1] if text else "evaluation failed")
-            for idx in indices:
-                acc = space.accelerator(idx)
-                rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
-                         "error": msg.strip()[:500], "throughput": 0.0, "schedule": settings.schedule,
-                         "trial_id": trial.trial_id, "finished_at": time.time()} for m in settings.models]
-                store.add(rows, meta["searcher"])
-                if progress:
-                    progress.update(None, failed=True)
-                if hook_key is not None:
-                    report({"space_index": idx, "arch_key": rows[0]["arch_key"],
-                                  "arch_label": rows[0]["arch_label"], "throughput_avg": None,
-                                  "status": "failed", "error": rows[0]["error"]})
-            store.write_best(meta)
+            from archplace.platform.search import _driver_object
 
-    cb = StoreCallback()
-    cb.counts = counts
-    return cb
+            _driver_object(self.key).error(trial)
+
+    return StoreCallback(_driver_key(sink))
 
 
 def _error_text(trial) -> str:
@@ -524,7 +536,8 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
     # read before Ray starts, so an unreadable file is an error before any start-up cost
     cache = cache_file.load() if settings.schedule == "ilp" and remaining > 0 else {}
-    connect(address, num_cpus=None)
+    if remaining > 0:   # a resume with nothing left to do needs no Ray
+        connect(address, num_cpus=None)
     meta = {**meta_new, "budget": budget, "started_at": time.time(), "archs_per_trial": archs_per_trial}
     store.write_meta(meta)
     t0 = time.perf_counter()
@@ -559,7 +572,8 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
         stop_when = _Either(cancel, interrupted)
         limiter = AdaptiveLimiter(alg, capacity)
         prog = _Progress(remaining) if progress else None
-        callback = _store_callback(store, meta, prog, alg, cache_file, space, on_evaluated)
+        sink = _StoreSink(store, meta, prog, alg, cache_file, space, on_evaluated)
+        callback = _store_callback(sink)
         trainable = tune.with_resources(
             tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), graphs=graphs,
                                  cache=cache,
@@ -585,8 +599,8 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
         finally:
             if prog:
                 prog.close()
-            c = callback.counts
-            for obj in (stop_when, on_evaluated):   # the registry holds them only while Tune runs
+            c = sink.counts
+            for obj in (stop_when, sink):   # the registry holds them only while Tune runs
                 _DRIVER_OBJECTS.pop(f"{os.getpid()}-{id(obj)}", None)
             stats["cancelled"] = bool(cancel is not None and cancel.is_set())
             stats["in_flight_limits"] = [lim for _, lim in limiter.history]
