@@ -18,7 +18,7 @@ trial: O(N) per trial, O(N²) over a search. Here
   pending, or ``flush_interval_s`` has passed since the last flush, the pending rows go into one new
   part file (written to a dot-prefixed temporary name, then renamed) and the log is truncated. The
   cost of a trial is therefore O(1) amortised: one JSON line per row, plus a bounded part write now
-  and then (and a compaction every ``compact_parts`` parts, below).
+  and then (and compactions, below).
 * A SIGKILLed driver loses nothing ``add()`` accepted: its rows are in the log before ``add()``
   returns. ``load()`` reads the compacted table, then the parts in number order, then replays the
   log. A crash between writing a part and truncating the log leaves the same rows in both; log rows
@@ -37,11 +37,10 @@ trial: O(N) per trial, O(N²) over a search. Here
   ``best.json`` at most every ``best_interval_s`` seconds (``force=True`` always writes).
 * ``compact()`` writes ``evaluations.parquet`` (the latest row per (arch_key, model), sorted by
   (order, model): the file users and ``archplace.platform.report`` read) from the rows in memory, and
-  removes the parts and the log. It runs at the end of a search (``close()``), on a resume, and
-  whenever ``compact_parts`` parts are on disk: ILP searches, whose trials finish more than
-  ``flush_interval_s`` apart, wrote one part per trial and never compacted before the end (10,000
-  parts: 159 MB and a 21 s load on resume, issue 29). Between compactions ``evaluations/`` holds the
-  newer rows (superseded ones included; ``load()`` deduplicates).
+  removes the parts and the log: at a search's end, on resume, and once ``max(compact_parts, rows
+  in evaluations.parquet // 256)`` parts are on disk (each rewrite paid for by the parts since the
+  last: O(1) per part). ILP trials finish more than ``flush_interval_s`` apart, one part each, and
+  10,000 uncompacted parts had cost 159 MB and a 21 s load on resume (issue 29).
 
 Files are replaced atomically (temporary file, then rename). Plain pyarrow, no Ray.
 """
@@ -230,6 +229,7 @@ class ResultStore:
             raise ValueError(f"compact_parts must be >= 1, got {compact_parts}")
         self.compact_parts = int(compact_parts)
         self._num_parts: int | None = None  # parts on disk, counted on the first flush
+        self._compacted_rows = 0  # rows in evaluations.parquet
         self.dir = Path(out_dir)
         self.flush_rows = int(flush_rows)
         self.flush_interval_s = float(flush_interval_s)
@@ -365,7 +365,9 @@ class ResultStore:
                 state[key] = _by_model(rs)
 
         if self.parquet_path.exists():
-            take(_read_parquet(self.parquet_path).to_pylist())
+            compacted = _read_parquet(self.parquet_path).to_pylist()
+            self._compacted_rows = len(compacted)
+            take(compacted)
         parts = self._parts()
         # a search with slow trials leaves about one part per trial (flush_interval_s) until the next
         # compaction: read them in threads (pyarrow releases the GIL), applied in number order
@@ -517,7 +519,7 @@ class ResultStore:
         """The pending rows into one new part file, then the log truncated (a no-op when none is
         pending); a compaction once ``compact_parts`` parts are on disk."""
         self._flush()
-        if (self._num_parts or 0) >= self.compact_parts:
+        if (self._num_parts or 0) >= max(self.compact_parts, self._compacted_rows // 256):
             self.compact()
 
     def _flush(self) -> None:
@@ -584,7 +586,7 @@ class ResultStore:
         self.wal_path.unlink(missing_ok=True)
         self._wal_stale = False
         self._next_part = 0
-        self._num_parts = 0
+        self._num_parts, self._compacted_rows = 0, table.num_rows
 
     def close(self, meta: dict[str, Any]) -> dict[str, Any]:
         """The end of a search: flush, write ``best.json``, compact; returns ``best(meta)``."""
