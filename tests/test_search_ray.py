@@ -31,8 +31,11 @@ ILP = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbat
        "--tmp-widths", "1,2", "--searcher", "grid"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "ARCHPLACE_FAULT_INJECT"}
+def _env(auth: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of a search subprocess: no RAY_* variable (no RAY_ADDRESS to follow), except,
+    with ``auth``, the token settings the session's Ray was started with (to attach to it)."""
+    env = {k: v for k, v in os.environ.items() if k != "ARCHPLACE_FAULT_INJECT"
+           and (not k.startswith("RAY_") or (auth and k.startswith("RAY_AUTH")))}
     return {**env, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", **extra}
 
 
@@ -163,7 +166,7 @@ def test_slices_reach_the_schedule_cache_before_their_architecture_finishes(ray_
     out = tmp_path / "o"
     gcs = ray_session.get_runtime_context().gcs_address
     proc = subprocess.Popen(_cli(*ILP, "--budget", "1", "--out", str(out), "--address", gcs, "--json"),
-                            cwd=REPO, env=_env(ARCHPLACE_FAULT_INJECT="slowdp:*:600"),
+                            cwd=REPO, env=_env(auth=True, ARCHPLACE_FAULT_INJECT="slowdp:*:600"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     cache = out / "schedule_cache.jsonl"
     lines = {"n": 0, "since": time.monotonic()}
@@ -179,7 +182,8 @@ def test_slices_reach_the_schedule_cache_before_their_architecture_finishes(ray_
         _wait(settled, proc, "solved slices in the schedule cache")
         assert _stored(out) == []   # the architecture itself has not finished
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     cached = [json.loads(line)[0] for line in cache.read_text().splitlines()[1:]]
     from archplace.platform.search import run_search
