@@ -1,13 +1,15 @@
 """``archplace search``: the architecture × placement co-search as a Ray Tune experiment.
 
-The driver locks ``--out``, connects to Ray (an embedded instance on 127.0.0.1, or ``--address`` to
-attach to a cluster), waits for a CPU, traces the model graphs once (Ray tasks whose results the
-trials share), and runs Tune trials of one or more architectures with the chosen searcher behind an
-in-flight limit that follows the cluster (``limiter.py``). Every reported architecture streams into
+The driver checks its input and files, locks ``--out``, connects to Ray (its own instance on
+127.0.0.1, never a cluster it was not given, or ``--address`` to attach to one), waits for a CPU,
+traces the model graphs once (Ray tasks whose results the trials share), and runs Tune trials of
+one or more architectures with the chosen searcher behind an in-flight limit that follows the
+cluster (``limiter.py``). Every reported architecture streams into
 the append-only result store and every solved slice into the schedule cache file; at the end the
 store is compacted into ``evaluations.parquet``. ``--resume`` reloads the store, feeds the finished
 evaluations to the searcher and only evaluates the rest (``--retry-failed``: the failed ones too).
-Everything Ray runs for the search is owned by this driver, so nothing outlives it.
+Everything Ray runs for the search is owned by this driver, so nothing outlives it. Ctrl-C stops
+the trials in flight, keeps what finished and raises ``SearchInterrupted``.
 """
 
 from __future__ import annotations
