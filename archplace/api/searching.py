@@ -67,8 +67,9 @@ class SearchRequest(Request):
     capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
 
     def settings(self):
-        """The ``SearchSettings`` that define the search's results."""
-        from ..hardware.space import load_space_config
+        """The ``SearchSettings`` that define the search's results. A ``space`` file that is not valid
+        YAML is a one-line error naming the field and the file (the YAML parser's own error is a
+        multi-line traceback)."""
         from ..platform.settings import SearchSettings
 
         return SearchSettings(
@@ -76,9 +77,24 @@ class SearchRequest(Request):
             microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
             seq=self.seq, ilp_budget=self.ilp_budget, ilp_time_limit_s=self.ilp_time_limit_s,
             contention=self.contention, optimizer=self.optimizer, sync_model=self.sync_model,
-            space=load_space_config(self.space) if self.space is not None else None, schedule=self.schedule,
+            space=self._space_config(), schedule=self.schedule,
             tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {},
             capture_blocks=self.capture_blocks)
+
+    def _space_config(self) -> dict | None:
+        import yaml
+
+        from ..hardware.space import load_space_config
+
+        if self.space is None:
+            return None
+        try:
+            return load_space_config(self.space)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+            raise invalid("space", f"{self.space}: not valid YAML ({what}{where})") from None
 
     def validate(self) -> None:
         """The shapes checked here, the rest by ``archplace.platform.search.validate`` (its messages

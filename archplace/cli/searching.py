@@ -6,6 +6,7 @@ each ``print_*`` writes the human summary; each ``add_*_parser`` declares the fl
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from archplace import api
@@ -39,7 +40,13 @@ def cmd_search(args) -> dict[str, Any]:
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
         capture_blocks=args.capture_blocks)
-    return api.search(req, terminal_progress=not args.json).to_dict()
+    try:
+        return api.search(req, terminal_progress=not args.json).to_dict()
+    except KeyboardInterrupt:
+        # Ctrl-C: the architectures that finished are stored; exit 130 (128 + SIGINT) as shells expect,
+        # where Tune's own handler used to end the run as if it had finished, exit 0 (issue 29)
+        print("archplace search: interrupted, resume with --resume", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def print_search(res: dict[str, Any]) -> None:

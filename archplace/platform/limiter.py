@@ -60,3 +60,27 @@ class AdaptiveLimiter(ConcurrencyLimiter):
         state = super().get_state()
         state.pop("_capacity", None)
         return state
+
+    def __getstate__(self) -> dict:
+        """Tune pickles its search algorithm into ``OUT/tune/.../tuner.pkl`` (for ``Tuner.restore``,
+        which a search never uses: ``--resume`` reads the result store). Our searchers go in as
+        their ``get_state()``, without the search space they re-enumerate on restore: pickled whole,
+        the Phaze space made tuner.pkl 1.7 MB per run (issue 29). ``capacity`` (a closure over the
+        live cluster) is not kept; a restored limiter keeps its last limit."""
+        state = self.__dict__.copy()
+        state.pop("_capacity", None)
+        searcher = state["searcher"]
+        if getattr(searcher, "space", None) is not None and hasattr(searcher, "set_state"):
+            state["searcher"] = (type(searcher), searcher.get_state())
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        if isinstance(state.get("searcher"), tuple):
+            cls, inner = state["searcher"]
+            searcher = cls.__new__(cls)
+            searcher.space_path = inner.get("space_path")   # set_state compares with it
+            searcher.set_state(inner)
+            state["searcher"] = searcher
+        self.__dict__.update(state)
+        self._capacity = lambda: self.max_concurrent

@@ -43,8 +43,15 @@ class ScheduleCacheFile:
         other versions); gap is None where no bound was proven."""
         if not self.path.exists():
             return {}
+        try:
+            return self._load()
+        except (OSError, UnicodeDecodeError) as e:   # a directory, no permission, binary junk
+            raise ValueError(f"--schedule-cache {self.path}: cannot read it as the schedule cache "
+                             f"({getattr(e, 'strerror', None) or e})") from None
+
+    def _load(self) -> dict[str, list]:
         out: dict[str, list] = {}
-        with open(self.path) as fh:
+        with open(self.path, encoding="utf-8") as fh:
             header = fh.readline()
             try:
                 ok = json.loads(header).get("versions") == code_versions()

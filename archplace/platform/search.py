@@ -1,22 +1,27 @@
 """``archplace search``: the architecture × placement co-search as a Ray Tune experiment.
 
-The driver locks ``--out``, connects to Ray (an embedded instance on 127.0.0.1, or ``--address`` to
-attach to a cluster), waits for a CPU, traces the model graphs once (Ray tasks whose results the
-trials share), and runs Tune trials of one or more architectures with the chosen searcher behind an
-in-flight limit that follows the cluster (``limiter.py``). Every reported architecture streams into
+The driver checks its input and files, locks ``--out``, connects to Ray (its own instance on
+127.0.0.1, never a cluster it was not given, or ``--address`` to attach to one), waits for a CPU,
+traces the model graphs once (Ray tasks whose results the trials share), and runs Tune trials of
+one or more architectures with the chosen searcher behind an in-flight limit that follows the
+cluster (``limiter.py``). Every reported architecture streams into
 the append-only result store and every solved slice into the schedule cache file; at the end the
 store is compacted into ``evaluations.parquet``. ``--resume`` reloads the store, feeds the finished
 evaluations to the searcher and only evaluates the rest (``--retry-failed``: the failed ones too).
-Everything Ray runs for the search is owned by this driver, so nothing outlives it.
+Everything Ray runs for the search is owned by this driver, so nothing outlives it. Ctrl-C stops
+the trials in flight, keeps what finished and raises ``SearchInterrupted``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .lock import OutDirLock
+from .schedule_cache import ScheduleCacheFile
 from .settings import SearchSettings
 from .store import ResultStore
 from .trial import FAULT_ENV, METRIC, SCHEDULES
@@ -82,9 +88,55 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
     if not settings.ilp_budget > 0:
         raise ValueError(f"--ilp-budget must be > 0 deterministic seconds, got {settings.ilp_budget}")
     for m in settings.models:
+        _check_widths(m, settings.tmp_widths.get(m, ()))
         if not settings.widths(m):
             raise ValueError(f"model {m!r}: no TMP width fits in {settings.num_devices} accelerators")
     enumerate_space(settings.space)  # raises for an empty space
+
+
+def _check_widths(model: str, widths: tuple[int, ...]) -> None:
+    """``--tmp-widths`` against the model's attention heads, here rather than in the Ray task that
+    slices the graph (which failed after Ray's start-up with a task traceback, issue 29). The model's
+    own widths need no check: its preset lists widths that slice."""
+    if not widths:
+        return
+    from ..workloads.hf_config import attention_heads
+    from ..workloads.models import preset
+    from ..workloads.transforms import check_head_widths
+
+    for t in widths:
+        if t < 1 or t & (t - 1):
+            raise ValueError(f"--tmp-widths: {t} is not a power of two; allowed: 1, 2, 4, 8, ...")
+    heads = attention_heads(preset(model).make_config())
+    for t in widths:
+        try:
+            check_head_widths({"model": model, "heads": heads}, t)
+        except ValueError as e:
+            raise ValueError(f"--tmp-widths: {e}") from None
+
+
+def check_paths(out: Path, schedule_cache: str | Path | None) -> None:
+    """``--out`` must be (or become) a directory and ``--schedule-cache`` a file: one-line errors
+    naming the flag, before the lock, the store or Ray touch either (issue 29: an ``OSError`` that
+    named neither flag, and for the cache only after Ray had started)."""
+    def first_existing(p: Path) -> Path:
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        return p
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory; choose a directory")
+    up = first_existing(out)
+    if not up.is_dir():
+        raise ValueError(f"--out {out}: {up} is a file, not a directory; choose another path")
+    if schedule_cache is not None:
+        c = Path(schedule_cache)
+        if c.is_dir():
+            raise ValueError(f"--schedule-cache {c} is a directory; give a file (JSON lines), e.g. "
+                             f"{c / 'schedule_cache.jsonl'}")
+        up = first_existing(c.parent)
+        if not up.is_dir():
+            raise ValueError(f"--schedule-cache {c}: {up} is a file, not a directory")
 
 
 def connect(address: str | None, num_cpus: int | None = None) -> None:
@@ -106,15 +158,53 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
     kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
     if address is None:
         _loopback_only()
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
+        # "local": always a new Ray of our own. Without it, ray.init() joins the cluster a `ray start`
+        # on this machine recorded in /tmp/ray/ray_current_cluster, or RAY_ADDRESS (issue 29)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kw)
         return
-    try:
-        ray.init(address=address, **kw)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
-                         "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
-                         ) from None
+    with _stderr_captured() as captured:
+        try:
+            ray.init(address=address, **kw)
+            error = None
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            error = e
+    said = captured.text
+    if error is None:
+        if said.strip():   # what a successful attach said (warnings), as Ray would have said it
+            sys.stderr.write(said)
+        return
+    msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "InvalidAuthToken" in said or "Unauthenticated" in said:
+        raise ValueError(f"--address {address}: the cluster refused this driver's token (it runs with "
+                         "token authentication; set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, or "
+                         "~/.ray/auth_token, to its token, see deploy/README.md)") from None
+    raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
+                     "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
+                     ) from None
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """File descriptor 2 into a temporary file while attaching: Ray's C++ client logs every failed
+    GCS handshake there (about 20 lines of ``gcs_client.cc`` warnings for a missing token, issue 29),
+    bypassing Python's ``sys.stderr``. The caller decides what of it to show (``.text``)."""
+    cap = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as fh:
+        os.dup2(fh.fileno(), 2)
+        try:
+            yield cap
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            fh.seek(0)
+            cap.text = fh.read().decode(errors="replace")
 
 
 def _loopback_only() -> None:
@@ -204,76 +294,137 @@ def _cancel_stopper(cancel: threading.Event | None):
     return CancelStopper(_driver_key(cancel))
 
 
-def _store_callback(store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
-                    cache_file, space, on_evaluated: Callable[[dict[str, Any]], None] | None = None):
-    """A Tune Callback (built lazily so this module imports without Ray) that streams every reported
-    architecture into the result store and newly solved slices into the schedule cache, and records
-    the architectures a failed trial left unevaluated once the searcher has given up on them."""
+class _Either:
+    """Set when either event is (the caller's ``cancel``, or Ctrl-C)."""
+
+    def __init__(self, *events: threading.Event | None) -> None:
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the search: the trials in flight were stopped, every architecture that
+    finished is stored, and ``--resume`` continues."""
+
+
+@contextlib.contextmanager
+def _sigint_stops(event: threading.Event):
+    """While Tune runs, the first Ctrl-C (SIGINT) sets ``event``: the stopper ends the experiment,
+    the store is closed with every finished row, and ``run_search`` raises ``SearchInterrupted``;
+    a second Ctrl-C raises ``KeyboardInterrupt`` at once. Tune's own handler is kept out: it ended
+    the run as if it had finished, so ``archplace search`` exited 0 with a normal summary (issue 29).
+    Only the main thread may set signal handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+
+    old = signal.signal(signal.SIGINT, handler)
+    old_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if old_env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
+
+
+class _StoreSink:
+    """What the Tune callback does, in the driver: every reported architecture into the result store,
+    newly solved slices into the schedule cache, and the architectures a failed trial left
+    unevaluated (once the searcher has given up on them) as failed rows."""
+
+    def __init__(self, store: ResultStore, meta: dict[str, Any], progress: _Progress | None, searcher,
+                 cache_file: ScheduleCacheFile, space, on_evaluated: Callable[[dict[str, Any]], None] | None):
+        self.store, self.meta, self.progress, self.searcher = store, meta, progress, searcher
+        self.cache_file, self.space, self.hook = cache_file, space, on_evaluated
+        self.settings = SearchSettings.from_dict(meta["settings"])
+        self.counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
+
+    def result(self, result: dict[str, Any]) -> None:
+        # the rows and slices leave the result here (Tune lets a callback change it in place), so
+        # Tune's experiment state keeps only the metric and the small fields (issue 29)
+        rows_json = result.pop("rows_json", None) or "[]"
+        solved_json = result.pop("solved_json", None) or "{}"
+        by_arch: dict[str, list[dict[str, Any]]] = {}
+        c = self.counts
+        for r in json.loads(rows_json):
+            by_arch.setdefault(r["arch_key"], []).append(r)
+            c["lookups"] += int(r.get("ilp_lookups", 0))
+            c["unique"] += int(r.get("ilp_unique", 0))
+            c["cache_hits"] += int(r.get("cache_hits", 0))
+            c["solved"] += int(r.get("ilp_solved", 0))
+        for rows in by_arch.values():
+            self.store.add(rows, self.meta["searcher"])
+            value = float(np.mean([r["throughput"] for r in rows]))
+            if self.progress:
+                self.progress.update(value)
+            if self.hook is not None:
+                self.hook({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
+                           "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
+                           "status": "ok" if all(r.get("status") == "ok" for r in rows) else "infeasible"})
+        self.cache_file.append(json.loads(solved_json))
+        if by_arch:
+            self.store.write_best(self.meta)
+
+    def error(self, trial) -> None:
+        from ..algorithms.search import nearest_index
+        from .evaluate import arch_columns
+
+        self.counts["trial_errors"] += 1
+        final = getattr(self.searcher, "final_failures", None)
+        if final is not None:
+            indices = final.pop(trial.trial_id, [])
+        else:   # optuna: one architecture per trial, retried by Tune itself
+            indices = [nearest_index(self.space, trial.config)]
+        text = _error_text(trial).strip().splitlines()
+        msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
+                   text[-1] if text else "evaluation failed")
+        for idx in indices:
+            acc = self.space.accelerator(idx)
+            rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
+                     "error": msg.strip()[:500], "throughput": 0.0, "schedule": self.settings.schedule,
+                     "trial_id": trial.trial_id, "finished_at": time.time()} for m in self.settings.models]
+            self.store.add(rows, self.meta["searcher"])
+            if self.progress:
+                self.progress.update(None, failed=True)
+            if self.hook is not None:
+                self.hook({"space_index": idx, "arch_key": rows[0]["arch_key"],
+                           "arch_label": rows[0]["arch_label"], "throughput_avg": None, "status": "failed",
+                           "error": rows[0]["error"]})
+        self.store.write_best(self.meta)
+
+
+def _store_callback(sink: _StoreSink):
+    """The Tune Callback (built lazily so this module imports without Ray) that hands results and
+    errors to ``sink``. It holds only the sink's registry key: Tune pickles its callbacks into
+    ``tuner.pkl``, and a callback holding the store pickled every resumed row there (issue 29)."""
     from ray.tune import Callback
 
-    from ..algorithms.search import nearest_index
-    from .evaluate import arch_columns
-
-    settings = SearchSettings.from_dict(meta["settings"])
-    counts = {"lookups": 0, "unique": 0, "cache_hits": 0, "solved": 0, "trial_errors": 0}
-    hook_key = _driver_key(on_evaluated)
-
-    def report(info: dict[str, Any]) -> None:
-        from archplace.platform.search import _driver_object
-
-        hook = _driver_object(hook_key)
-        if hook is not None:
-            hook(info)
-
     class StoreCallback(Callback):
+        def __init__(self, key: str | None) -> None:
+            self.key = key
+
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            by_arch: dict[str, list[dict[str, Any]]] = {}
-            for r in json.loads(result["rows_json"]):
-                by_arch.setdefault(r["arch_key"], []).append(r)
-                counts["lookups"] += int(r.get("ilp_lookups", 0))
-                counts["unique"] += int(r.get("ilp_unique", 0))
-                counts["cache_hits"] += int(r.get("cache_hits", 0))
-                counts["solved"] += int(r.get("ilp_solved", 0))
-            for rows in by_arch.values():
-                store.add(rows, meta["searcher"])
-                value = float(np.mean([r["throughput"] for r in rows]))
-                if progress:
-                    progress.update(value)
-                if hook_key is not None:
-                    report({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
-                                  "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
-                                  "status": "ok" if all(r.get("status") == "ok" for r in rows) else
-                                  "infeasible"})
-            cache_file.append(json.loads(result.get("solved_json") or "{}"))
-            store.write_best(meta)
+            from archplace.platform.search import _driver_object
+
+            _driver_object(self.key).result(result)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            counts["trial_errors"] += 1
-            final = getattr(searcher, "final_failures", None)
-            if final is not None:
-                indices = final.pop(trial.trial_id, [])
-            else:   # optuna: one architecture per trial, retried by Tune itself
-                indices = [nearest_index(space, trial.config)]
-            text = _error_text(trial).strip().splitlines()
-            msg = next((ln for ln in reversed(text) if "Error" in ln or "error" in ln),
-                       text[-1] if text else "evaluation failed")
-            for idx in indices:
-                acc = space.accelerator(idx)
-                rows = [{**arch_columns(acc), "space_index": idx, "model": m, "status": "failed",
-                         "error": msg.strip()[:500], "throughput": 0.0, "schedule": settings.schedule,
-                         "trial_id": trial.trial_id, "finished_at": time.time()} for m in settings.models]
-                store.add(rows, meta["searcher"])
-                if progress:
-                    progress.update(None, failed=True)
-                if hook_key is not None:
-                    report({"space_index": idx, "arch_key": rows[0]["arch_key"],
-                                  "arch_label": rows[0]["arch_label"], "throughput_avg": None,
-                                  "status": "failed", "error": rows[0]["error"]})
-            store.write_best(meta)
+            from archplace.platform.search import _driver_object
 
-    cb = StoreCallback()
-    cb.counts = counts
-    return cb
+            _driver_object(self.key).error(trial)
+
+    return StoreCallback(_driver_key(sink))
 
 
 def _error_text(trial) -> str:
@@ -312,25 +463,35 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
         raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
                          "pass --resume too")
     out = Path(out_dir).resolve()
+    check_paths(out, schedule_cache)
     lock = OutDirLock(out).acquire()
+    store = ResultStore(out)
+    fresh = not store.holds_search()
     try:
-        return _run_locked(settings, out, searcher=searcher, budget=budget, address=address, resume=resume,
+        return _run_locked(settings, store, searcher=searcher, budget=budget, address=address, resume=resume,
                            retry_failed=retry_failed, workers=workers, seed=seed, hysteresis=hysteresis,
                            area_bucket_mm2=area_bucket_mm2, max_failures=max_failures,
                            archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
                            wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
                            report=report, on_evaluated=on_evaluated, cancel=cancel)
+    except BaseException:
+        # a new search that stored nothing (bad input found late, Ray failing, Ctrl-C while starting)
+        # leaves no search.json behind: it made the corrected command fail with "already holds a
+        # search" (issue 29)
+        if fresh:
+            store.discard_if_empty()
+        raise
     finally:
         lock.release()
 
 
-def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: int, address: str | None,
-                resume: bool, retry_failed: bool, workers: int | None, seed: int, hysteresis: int,
-                area_bucket_mm2: float, max_failures: int, archs_per_trial: int,
+def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, budget: int,
+                address: str | None, resume: bool, retry_failed: bool, workers: int | None, seed: int,
+                hysteresis: int, area_bucket_mm2: float, max_failures: int, archs_per_trial: int,
                 schedule_cache: str | Path | None, wait_timeout_s: float, task_timeout_s: float,
                 progress: bool, report: bool, on_evaluated: Callable[[dict[str, Any]], None] | None = None,
                 cancel: threading.Event | None = None) -> dict[str, Any]:
-    store = ResultStore(out)
+    out = store.dir
     meta_new = {"settings": settings.to_dict(), "searcher": searcher, "seed": seed, "hysteresis": hysteresis,
                 "area_bucket_mm2": area_bucket_mm2, "models": list(settings.models),
                 "num_devices": settings.num_devices, "global_batch": settings.global_batch}
@@ -351,6 +512,8 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                 raise ValueError(f"--resume: the search in {out} was run with a different {k} "
                                  f"({old.get(k)!r}); resume with the same options")
         store.load()
+        if store.parts_on_disk():
+            store.compact()   # a resume starts from one file, whatever the killed driver left
     finished = store.finished()
     retry = sorted(e["space_index"] for e in finished.values() if e["failed"]) if retry_failed else []
     kept = {k: e for k, e in finished.items() if not (retry_failed and e["failed"])}
@@ -362,15 +525,21 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
     from ..algorithms.search import make_searcher
     from ..hardware.space import enumerate_space
     from .limiter import AdaptiveLimiter, pruning_cap
-    from .schedule_cache import ScheduleCacheFile
     from .tasks import build_graph_task, get, wait_for_cpus
     from .trial import search_trainable
 
     # our progress line replaces Tune's tables; failed trials are recorded with their error, so
     # Tune's own tracebacks stay in its logs (DIR/tune) rather than on the terminal
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # the result store is the search's record: Tune's per-trial result.json / progress.csv /
+    # TensorBoard files only repeated it (OUT/tune was about 150x evaluations.parquet, issue 29)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
-    connect(address, num_cpus=None)
+    cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
+    # read before Ray starts, so an unreadable file is an error before any start-up cost
+    cache = cache_file.load() if settings.schedule == "ilp" and remaining > 0 else {}
+    if remaining > 0:   # a resume with nothing left to do needs no Ray
+        connect(address, num_cpus=None)
     meta = {**meta_new, "budget": budget, "started_at": time.time(), "archs_per_trial": archs_per_trial}
     store.write_meta(meta)
     t0 = time.perf_counter()
@@ -378,8 +547,6 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
     if remaining > 0:
         wait_for_cpus(wait_timeout_s)
         space = enumerate_space(settings.space)
-        cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
-        cache = cache_file.load() if settings.schedule == "ilp" else {}
         stats["cache_loaded"] = len(cache)
         if cache_file.note:
             stats["cache_note"] = cache_file.note
@@ -403,9 +570,12 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
             cpus = int(ray.cluster_resources().get("CPU", 1))
             return max(1, min(workers or cpus, cpus, prune or cpus, trials_needed))
 
+        interrupted = threading.Event()   # Ctrl-C: set by _sigint_stops, read by the stopper
+        stop_when = _Either(cancel, interrupted)
         limiter = AdaptiveLimiter(alg, capacity)
         prog = _Progress(remaining) if progress else None
-        callback = _store_callback(store, meta, prog, alg, cache_file, space, on_evaluated)
+        sink = _StoreSink(store, meta, prog, alg, cache_file, space, on_evaluated)
+        callback = _store_callback(sink)
         trainable = tune.with_resources(
             tune.with_parameters(search_trainable, settings_dict=settings.to_dict(), graphs=graphs,
                                  cache=cache,
@@ -419,18 +589,20 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                                         num_samples=remaining if searcher == "optuna" else -1,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=f"trials-{int(time.time())}", storage_path=str(out / "tune"),
-                                      verbose=0, callbacks=[callback], stop=_cancel_stopper(cancel),
+                                      verbose=0, callbacks=[callback],
+                                      stop=_cancel_stopper(stop_when),
                                       # index searchers retry per architecture themselves
                                       failure_config=tune.FailureConfig(
                                           max_failures=max_failures if searcher == "optuna" else 0)))
         try:
-            grid = tuner.fit()
+            with _sigint_stops(interrupted):
+                grid = tuner.fit()
             stats["new_trials"] = len(grid)
         finally:
             if prog:
                 prog.close()
-            c = callback.counts
-            for obj in (cancel, on_evaluated):   # the registry holds them only while Tune runs
+            c = sink.counts
+            for obj in (stop_when, sink):   # the registry holds them only while Tune runs
                 _DRIVER_OBJECTS.pop(f"{os.getpid()}-{id(obj)}", None)
             stats["cancelled"] = bool(cancel is not None and cancel.is_set())
             stats["in_flight_limits"] = [lim for _, lim in limiter.history]
@@ -443,6 +615,8 @@ def _run_locked(settings: SearchSettings, out: Path, *, searcher: str, budget: i
                 "cross_trial_hits": c["cache_hits"], "solved": c["solved"],
                 "cross_trial_hit_rate": c["cache_hits"] / c["unique"] if c["unique"] else 0.0}
             best = store.close(meta)
+        if interrupted.is_set():
+            raise SearchInterrupted(f"interrupted after {len(store)} rows; resume with --resume")
     else:
         best = store.close(meta)
     stats["wall_s"] = time.perf_counter() - t0

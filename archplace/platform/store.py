@@ -10,16 +10,15 @@ Layout under the search's ``--out`` directory::
     evaluations.parquet          the compacted table (one row per architecture × model), by ``compact()``
     best.json                    the search's current choice of architectures
 
-Why. The previous store rewrote the whole ``evaluations.parquet`` and recomputed ``best.json`` from
-every row after each trial: O(N) per trial, O(N²) over a search. Here
+Why. The previous store rewrote ``evaluations.parquet`` and ``best.json`` from every row after each
+trial: O(N) per trial, O(N²) over a search. Here
 
 * ``add()`` appends the trial's rows to the write-ahead log (one JSON line per row, the file object
   flushed to the OS but not fsynced) and keeps them pending in memory. Once ``flush_rows`` rows are
   pending, or ``flush_interval_s`` has passed since the last flush, the pending rows go into one new
   part file (written to a dot-prefixed temporary name, then renamed) and the log is truncated. The
   cost of a trial is therefore O(1) amortised: one JSON line per row, plus a bounded part write now
-  and then. (When trials finish more than ``flush_interval_s`` apart, that is one small part per
-  trial until compaction; ``load()`` reads parts in threads, about half a millisecond each.)
+  and then (and compactions, below).
 * A SIGKILLed driver loses nothing ``add()`` accepted: its rows are in the log before ``add()``
   returns. ``load()`` reads the compacted table, then the parts in number order, then replays the
   log. A crash between writing a part and truncating the log leaves the same rows in both; log rows
@@ -36,12 +35,12 @@ every row after each trial: O(N) per trial, O(N²) over a search. Here
   summaries, the failed / infeasible counts, the best architecture (across-model average) and the
   best row per model. ``best()`` is O(models) per call, not O(N). ``write_best()`` writes
   ``best.json`` at most every ``best_interval_s`` seconds (``force=True`` always writes).
-* ``compact()`` (called by ``close()`` at the end of a search) writes the compacted
-  ``evaluations.parquet`` — the latest row per (arch_key, model), sorted by (order, model), which is
-  the file users and ``archplace.platform.report`` read — and removes the parts and the log.
-  Before compaction, ``evaluations/`` alone reads as one table with ``pyarrow.dataset`` or
-  ``pandas.read_parquet`` (superseded rows of re-evaluated architectures included; ``table()`` or
-  ``load()`` give the deduplicated rows).
+* ``compact()`` writes ``evaluations.parquet`` (the latest row per (arch_key, model), sorted by
+  (order, model): the file users and ``archplace.platform.report`` read) from the rows in memory, and
+  removes the parts and the log: at a search's end, on resume, and once ``max(compact_parts, rows
+  in evaluations.parquet // 256)`` parts are on disk (each rewrite paid for by the parts since the
+  last: O(1) per part). ILP trials finish more than ``flush_interval_s`` apart, one part each, and
+  10,000 uncompacted parts had cost 159 MB and a 21 s load on resume (issue 29).
 
 Files are replaced atomically (temporary file, then rename). Plain pyarrow, no Ray.
 """
@@ -118,12 +117,9 @@ def _jsonable(v: Any) -> Any:
 
 def _wal_default(v: Any) -> Any:
     """json.dumps fallback for numpy scalars in a log line (NaN stays NaN: the log allows it)."""
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.floating):
-        return float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
+    for kind, cast in ((np.integer, int), (np.floating, float), (np.bool_, bool)):
+        if isinstance(v, kind):
+            return cast(v)
     raise TypeError(f"{type(v).__name__} is not JSON serialisable")
 
 
@@ -161,6 +157,18 @@ def ilp_overall(rows: list[dict[str, Any]]) -> dict[str, Any]:
             worst, where = g, {"arch_label": r["arch_label"], "model": r["model"]}
     return {"status_counts": counts, "stopped_by": stops, "load_dependent": load, "worst_gap": worst,
             "worst_gap_at": where, "gap_unknown": unknown}
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    """A damaged file is a one-line error naming it (was pyarrow's message alone, issue 29)."""
+    try:
+        return pq.ParquetFile(path).read(use_threads=False)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path} is damaged (not a readable Parquet file: {first}); move it out of "
+                         f"{path.parent}, and --resume evaluates the architectures it held again") from None
 
 
 def _identity(r: dict[str, Any]) -> tuple:
@@ -214,9 +222,14 @@ class ResultStore:
     files in batches and compacted into ``evaluations.parquet`` by ``compact()`` / ``close()``."""
 
     def __init__(self, out_dir: str | Path, *, flush_rows: int = 512, flush_interval_s: float = 10.0,
-                 best_interval_s: float = 2.0) -> None:
+                 best_interval_s: float = 2.0, compact_parts: int = 64) -> None:
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be >= 1, got {flush_rows}")
+        if compact_parts < 1:
+            raise ValueError(f"compact_parts must be >= 1, got {compact_parts}")
+        self.compact_parts = int(compact_parts)
+        self._num_parts: int | None = None  # parts on disk, counted on the first flush
+        self._compacted_rows = 0  # rows in evaluations.parquet
         self.dir = Path(out_dir)
         self.flush_rows = int(flush_rows)
         self.flush_interval_s = float(flush_interval_s)
@@ -278,7 +291,16 @@ class ResultStore:
                 or self.wal_path.exists())
 
     def read_meta(self) -> dict[str, Any]:
-        return json.loads(self.settings_path.read_text())
+        """search.json; a damaged one is a one-line error naming it (was the parser's alone, issue 29)."""
+        try:
+            meta = json.loads(self.settings_path.read_text())
+            why = "" if isinstance(meta, dict) else f"a JSON {type(meta).__name__}, not an object"
+        except (ValueError, UnicodeDecodeError) as e:
+            why = f"not valid JSON: {e}"
+        if why:
+            raise ValueError(f"{self.settings_path} is damaged ({why}); remove it and --resume with the "
+                             "search's original options (its rows are kept)")
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -343,14 +365,17 @@ class ResultStore:
                 state[key] = _by_model(rs)
 
         if self.parquet_path.exists():
-            take(pq.read_table(self.parquet_path).to_pylist())
+            compacted = _read_parquet(self.parquet_path).to_pylist()
+            self._compacted_rows = len(compacted)
+            take(compacted)
         parts = self._parts()
-        # a search with slow trials leaves about one part per trial (flush_interval_s): read them in
-        # threads (pyarrow releases the GIL), applied in number order
+        # a search with slow trials leaves about one part per trial (flush_interval_s) until the next
+        # compaction: read them in threads (pyarrow releases the GIL), applied in number order
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            for table in pool.map(lambda p: pq.ParquetFile(p).read(use_threads=False), [p for _, p in parts]):
+            for table in pool.map(_read_parquet, [p for _, p in parts]):
                 take(table.to_pylist())
         self._next_part = parts[-1][0] + 1 if parts else 0
+        self._num_parts = len(parts)
 
         # the log: complete add() calls only; the latest one of each architecture decides
         latest: dict[str, list[dict[str, Any]]] = {}
@@ -492,7 +517,12 @@ class ResultStore:
 
     def flush(self) -> None:
         """The pending rows into one new part file, then the log truncated (a no-op when none is
-        pending)."""
+        pending); a compaction once ``compact_parts`` parts are on disk."""
+        self._flush()
+        if (self._num_parts or 0) >= max(self.compact_parts, self._compacted_rows // 256):
+            self.compact()
+
+    def _flush(self) -> None:
         self._last_flush = time.monotonic()
         if not self._pending:
             if self._wal_stale and self._wal is None:  # a loaded log whose rows were all in parts
@@ -504,9 +534,11 @@ class ResultStore:
         if self._next_part is None:
             parts = self._parts()
             self._next_part = parts[-1][0] + 1 if parts else 0
+            self._num_parts = len(parts)
         path = self.dataset_dir / f"part-{self._next_part:06d}.parquet"
         _atomic_write(path, lambda p: pq.write_table(table, p))  # temp name ".part-…tmp": no reader sees it
         self._next_part += 1
+        self._num_parts = (self._num_parts or 0) + 1
         # a kill here leaves the rows in the part and in the log; load() skips the log's copies
         if self._wal is not None:
             self._wal.seek(0)
@@ -517,11 +549,27 @@ class ResultStore:
         self._pending.clear()
         self._pending_rows = 0
 
+    def parts_on_disk(self) -> int:
+        """Part files in ``evaluations/`` (a listing: for a resume's start, not per trial)."""
+        return len(self._parts())
+
+    def discard_if_empty(self) -> None:
+        """Remove search.json, best.json, an empty table and the log when no row was ever stored: they
+        made the corrected command fail with "already holds a search" (issue 29). The cache stays."""
+        if (self._num_rows or self._pending or self.parts_on_disk() or self._read_wal()
+                or (self.parquet_path.exists() and pq.ParquetFile(self.parquet_path).metadata.num_rows)):
+            return
+        self._close_wal()
+        for p in (self.settings_path, self.dir / "best.json", self.parquet_path, self.wal_path):
+            p.unlink(missing_ok=True)
+        if self.dataset_dir.is_dir() and not any(self.dataset_dir.iterdir()):
+            self.dataset_dir.rmdir()
+
     def compact(self) -> None:
         """Flush, write ``evaluations.parquet`` (the current rows, sorted by (order, model)), then
         remove the parts — oldest first, so a kill part-way leaves only parts newer than any removed
         one, which ``load()`` re-applies harmlessly over the compacted table — and the log."""
-        self.flush()
+        self._flush()
         self.dir.mkdir(parents=True, exist_ok=True)
         table = self.table()
         _atomic_write(self.parquet_path, lambda p: pq.write_table(table, p))
@@ -538,10 +586,11 @@ class ResultStore:
         self.wal_path.unlink(missing_ok=True)
         self._wal_stale = False
         self._next_part = 0
+        self._num_parts, self._compacted_rows = 0, table.num_rows
 
     def close(self, meta: dict[str, Any]) -> dict[str, Any]:
         """The end of a search: flush, write ``best.json``, compact; returns ``best(meta)``."""
-        self.flush()
+        self._flush()
         best = self.write_best(meta, force=True)
         self.compact()
         return best

@@ -18,6 +18,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +35,26 @@ METRIC = "throughput_avg"
 FAULT_ENV = "ARCHPLACE_FAULT_INJECT"
 SCHEDULES = ("ilp", "sequential")
 REPORT_EVERY_S = 0.5
+SOLVED_REPORT_EVERY_S = 2.0   # solved slices reach the driver's schedule cache at least this often
 SOLVES_PER_TASK = 2       # layer slices per solve_task: few enough to spread, enough to amortise a task
 
 __all__ = ["METRIC", "FAULT_ENV", "SCHEDULES", "SearchSettings", "arch_columns", "arch_key",
            "evaluate_architecture", "search_trainable"]
 
 
-def _inject_fault(key: str, out_dir: str | None, spec: str = "") -> None:
+def _inject_fault(key: str, out_dir: str | None, spec: str = "", stage: str = "start") -> None:
     """Fault injection for tests and chaos runs: ``ARCHPLACE_FAULT_INJECT="fail:KEY"`` makes that
     architecture's evaluation always raise; ``"flaky:KEY:N"`` raises on its first N attempts
     (counted in ``OUT/.faults``); ``"slow:KEY:S"`` sleeps S seconds first. KEY ``*`` matches every
-    architecture. Several specs are separated by commas."""
+    architecture; ``"slowdp:KEY:S"`` sleeps S seconds after its layer ILPs, before the placement DP
+    (a driver killed then must have the solved slices in its schedule cache). Several specs are
+    separated by commas."""
     for item in filter(None, spec.split(",")):
         parts = item.split(":")
-        if parts[1] not in (key, "*"):
+        if parts[1] not in (key, "*") or (parts[0] == "slowdp") != (stage == "dp"):
             continue
+        if parts[0] == "slowdp":
+            time.sleep(float(parts[2]))
         if parts[0] == "fail":
             raise RuntimeError(f"injected failure for architecture {key}")
         if parts[0] == "slow":
@@ -66,8 +72,26 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def _as_completed(refs: list, what: str, timeout_s: float):
+    """(index, value) of each ref as its task finishes, all within ``timeout_s`` (``tasks.get``'s
+    one-line error otherwise)."""
+    from .tasks import resources_line
+
+    deadline = time.monotonic() + timeout_s
+    index = {r: i for i, r in enumerate(refs)}
+    waiting = list(refs)
+    while waiting:
+        ready, waiting = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s; {resources_line()}")
+        for r in ready:
+            yield index[r], ray.get(r)
+
+
 def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str, int, int], Any],
-                          cache: dict[str, list], timeout_s: float = 1800.0
+                          cache: dict[str, list], timeout_s: float = 1800.0,
+                          on_solved: Callable[[dict[str, list], bool], None] | None = None,
+                          before_dp: Callable[[], None] | None = None
                           ) -> tuple[float, list[dict[str, Any]], dict[str, list]]:
     """(across-model average throughput, one row per model, newly solved slices {key: [makespan,
     status, gap, stopped_by, dtime]}) for one architecture under the ILP schedule, through Ray tasks.
@@ -82,6 +106,10 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
     reason), ``ilp_load_dependent`` (slices stopped by the wall-clock safety limit or a solver
     failure) and ``ilp_slices_json`` (per slice: pass, layers, status, gap, solver, stopped_by,
     dtime, microbatch, tmp).
+
+    ``on_solved(slices, final)`` gets the slices solved by each task as it finishes, and
+    ``final=True`` once the ILPs are done: the trial passes them on to the driver's schedule cache
+    then, not only with the architecture's rows (a driver that died meanwhile lost them, issue 29).
     """
     common = arch_columns(acc)
     arch = acc.to_dict()
@@ -108,7 +136,13 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
     solve_s = 0.0
     if todo:
         refs = [solve_task.remote(chunk, ilp) for chunk in _chunks(todo, SOLVES_PER_TASK)]
-        for res in get(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
+        done: dict[int, list] = {}
+        for i, res in _as_completed(refs, f"layer ILPs of {common['arch_key']}", timeout_s):
+            done[i] = res
+            if on_solved is not None:
+                on_solved({r["key"]: [r["makespan_s"], r["status"], r.get("gap"), r["stopped_by"], r["dtime"]]
+                           for r in res if r["solved"]}, False)
+        for res in (done[i] for i in range(len(refs))):   # in submission order, as before
             for r in res:
                 makespan[r["key"]] = r["makespan_s"]
                 answer[r["key"]] = {"status": r["status"], "gap": r.get("gap"),  # peaks: None from the cache
@@ -121,7 +155,11 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
                     solve_s += r["solve_time_s"]
                 else:
                     hits.add(r["key"])
+    if on_solved is not None:
+        on_solved({}, True)
     t_ilp = time.perf_counter()
+    if before_dp is not None:
+        before_dp()
     rows = []
     dp_refs = {}
     for m, p in preps.items():
@@ -188,18 +226,24 @@ def search_trainable(config: dict[str, Any], settings_dict: dict[str, Any], grap
     pending: list[tuple[int, float, list[dict[str, Any]]]] = []
     solved_all: dict[str, list] = {}
     last = time.monotonic()
+    value = 0.0   # the metric of a report that carries solved slices only (no architecture finished)
 
-    def emit(force: bool) -> None:
-        nonlocal pending, solved_all, last
-        if not pending or not (force or time.monotonic() - last >= REPORT_EVERY_S):
+    def emit(force: bool, every_s: float = REPORT_EVERY_S) -> None:
+        nonlocal pending, solved_all, last, value
+        if not (pending or solved_all) or not (force or time.monotonic() - last >= every_s):
             return
         rows = []
         for i, _, rs in pending:
             for r in rs:
                 rows.append({**r, **here, "trial_id": ctx.get_trial_id(), "space_index": i})
-        tune.report({METRIC: pending[-1][1], "evaluated": [[i, v] for i, v, _ in pending],
+        value = pending[-1][1] if pending else value
+        tune.report({METRIC: value, "evaluated": [[i, v] for i, v, _ in pending],
                      "rows_json": json.dumps(rows), "solved_json": json.dumps(solved_all)})
         pending, solved_all, last = [], {}, time.monotonic()
+
+    def on_solved(slices: dict[str, list], final: bool) -> None:
+        solved_all.update(slices)
+        emit(force=final, every_s=SOLVED_REPORT_EVERY_S)
 
     if settings.schedule == "sequential":
         accs = [space.accelerator(i) for i in indices]
@@ -217,9 +261,11 @@ def search_trainable(config: dict[str, Any], settings_dict: dict[str, Any], grap
     for i in indices:
         acc = space.accelerator(i)
         _inject_fault(arch_key(acc), out_dir, faults)
-        avg, rows, solved = evaluate_architecture(acc, settings, graphs, cache, timeout_s)
+        key = arch_key(acc)
+        avg, rows, _ = evaluate_architecture(
+            acc, settings, graphs, cache, timeout_s, on_solved=on_solved,
+            before_dp=lambda: _inject_fault(key, out_dir, faults, stage="dp"))  # noqa: B023 - called now
         now = time.time()
         pending.append((i, avg, [{**r, "finished_at": now} for r in rows]))
-        solved_all.update(solved)
         emit(force=False)
     emit(force=True)
