@@ -1,16 +1,17 @@
 """The service on a real PostgreSQL server, and on two replicas.
 
 The README offers PostgreSQL for a shared deployment and ``--replicas N``, but no test started either:
-every service test ran one replica over SQLite. Here the concurrency, restart and killed-replica tests
-of ``test_service.py`` run again, unchanged (their functions are imported, so pytest runs them with
-this module's ``svc``), on services that differ in database and replica count:
+every service test ran one replica over SQLite. Here the concurrency and killed-replica tests of
+``test_service.py`` run again, unchanged (their functions are imported, so pytest runs them with this
+module's ``svc``), and its restart test in a shorter twin, on services that differ in database and
+replica count:
 
 * ``postgresql-2``: PostgreSQL (``pg_server``, started by the tests with ``initdb``/``pg_ctl``) behind
-  two replicas, so two processes, each with its own searcher cache, write the same study;
-* ``sqlite-2``: the same on SQLite (the embedded default), two replicas sharing one file.
+  two replicas, so two processes, each with its own searcher cache, write the same study: the ask/tell
+  loop, idempotent suggest, 64 concurrent clients, a killed replica and a restart, all mid-load;
+* ``sqlite-2``: two replicas sharing one SQLite file: 64 concurrent clients and a killed replica.
 
-One replica on SQLite is ``test_service.py`` itself. The ask/tell loop and the idempotent suggest run
-first because the restart test checks that their studies survive.
+One replica on SQLite is ``test_service.py`` itself.
 """
 
 from __future__ import annotations
@@ -18,21 +19,33 @@ from __future__ import annotations
 import threading
 
 import pytest
+import test_service as base
 from service_util import start_service
-from test_service import (  # noqa: F401 - collected here, against this module's svc
-    test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion,
-    test_ask_tell_loop,
-    test_killed_replica_mid_load_loses_nothing,
-    test_service_restart_mid_load_loses_nothing,
-    test_suggest_is_idempotent_per_client,
+
+# the functions of test_service.py, collected again here against this module's ``svc``; assigned one
+# by one because pytest runs them in this order and the restart test checks the studies of the first two
+test_ask_tell_loop = base.test_ask_tell_loop
+test_suggest_is_idempotent_per_client = base.test_suggest_is_idempotent_per_client
+test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion = (
+    base.test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion
 )
+test_killed_replica_mid_load_loses_nothing = base.test_killed_replica_mid_load_loses_nothing
 
 pytestmark = pytest.mark.slow
 
 CONFIGS = {"postgresql-2": ("postgresql", 2), "sqlite-2": ("sqlite", 2)}
+# two replicas on SQLite (one replica is test_service.py): the tests where replicas contend
+SQLITE_2 = {"test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion",
+            "test_killed_replica_mid_load_loses_nothing"}
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+def pytest_generate_tests(metafunc):
+    if "svc" in metafunc.fixturenames:
+        configs = [c for c in CONFIGS if c != "sqlite-2" or metafunc.function.__name__ in SQLITE_2]
+        metafunc.parametrize("svc", configs, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def svc(request, ray_session, tmp_path_factory):
     from ray import serve
 
@@ -44,6 +57,26 @@ def svc(request, ray_session, tmp_path_factory):
     s = start_service(tmp, db=db, replicas=replicas)
     yield s
     serve.shutdown()
+
+
+def test_service_restart_mid_load_loses_nothing(svc):
+    """test_service.py's restart test (its ``_load`` with a restart of the whole Serve instance, proxy
+    included, once 16 trials are complete), but the operation in flight is a greedy partition
+    submitted just before the restart instead of a 300-step random one (minutes on 2 cores): it is
+    adopted and run again by the restarted replicas through its lease on the database's clock."""
+    c = svc.client("alice", retries=60)
+    done = c.partition("bert-base", algo="greedy", chiplets=4, seq=128, timeout_s=600)
+    in_flight: list[dict] = []
+
+    def restart() -> None:
+        in_flight.append(c.partition("bert-base", algo="greedy", chiplets=16, seq=128, wait=False))
+        svc.restart()
+
+    base._load(svc, "restart", clients=8, rounds=12, disturb=restart, after_done=16)
+    assert c.operation(done["id"]) == done  # a completed operation survives
+    after = c.wait(in_flight[0]["id"], timeout_s=600)
+    assert after["state"] == "DONE" and after["result"]["valid"] and after["result"]["chiplets"] == 16, after
+    assert {s["name"] for s in c.list_studies()} >= {"loop", "idem", "restart"}
 
 
 def test_plain_postgresql_url_gets_the_installed_driver(pg_server):
