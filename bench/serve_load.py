@@ -50,6 +50,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -210,13 +211,18 @@ def pg_postmaster_pid(server) -> int | None:
 
 
 # ---------------------------------------------------------------------- py-spy
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
 class Profiler:
     """py-spy on one process for as long as it runs (``record`` until SIGINT), raw collapsed stacks."""
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
-        self.proc = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-r", "50", "-f", "raw",
-                                      "-o", str(out), "--nonblocking"],
+        self.proc = subprocess.Popen([py_spy(), "record", "-p", str(pid), "-r", "100", "--gil", "-f", "raw",
+                                      "-o", str(out)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def stop(self) -> dict:
@@ -232,15 +238,16 @@ class Profiler:
 
 
 def _package(frame: str) -> str:
-    """'func (path/to/pkg/mod.py:12)' -> the package: archplace.service.studies, sqlalchemy, ..."""
-    path = frame[frame.rfind("(") + 1:].split(":")[0]
+    """'func (pkg/sub/mod.py:12)' -> 'pkg' ('archplace.service.studies' for ours); py-spy prints paths
+    relative to the entry of sys.path they came from, so a bare file name is the standard library."""
+    path = frame[frame.rfind("(") + 1:].rsplit(":", 1)[0]
     parts = Path(path).parts
-    if "site-packages" in parts:
-        return parts[parts.index("site-packages") + 1].removesuffix(".py")
     if "archplace" in parts:
         i = len(parts) - 1 - parts[::-1].index("archplace")
         return ".".join(parts[i:]).removesuffix(".py")
-    return "python stdlib" if path.endswith(".py") else path or "native"
+    if path.startswith("<"):
+        return "python stdlib"
+    return parts[0].removesuffix(".py") if len(parts) > 1 else "python stdlib"
 
 
 def summarize_stacks(raw: str, top: int = 15) -> dict:
@@ -535,8 +542,8 @@ def main() -> int:
         ap.error(f"--configs: unknown {bad}; allowed: {list(CONFIGS)}")
     if any(args.rounds % c for c in levels):
         ap.error(f"--rounds {args.rounds} must be a multiple of every level {levels}")
-    if args.profile and subprocess.run(["which", "py-spy"], capture_output=True).returncode != 0:
-        ap.error("--profile needs py-spy on PATH (pip install py-spy)")
+    if args.profile and not py_spy():
+        ap.error("--profile needs py-spy beside this Python or on PATH (pip install py-spy)")
 
     import optuna
     import ray
