@@ -177,10 +177,12 @@ def _cpu_s(pid: int, children: bool = False) -> float:
 
 class CpuMeter:
     """CPU seconds of named processes and of the whole machine between ``start`` and ``stop``.
-    PostgreSQL's backends come and go: its CPU is its postmaster's children, sampled at both ends."""
+    PostgreSQL's backends come and go: its CPU is its postmaster's children, sampled at both ends.
+    With ``pg``, also the server's WAL flushes (``pg_stat_wal``, timed: ``track_wal_io_timing``):
+    every commit waits for one unless ``synchronous_commit`` is off."""
 
-    def __init__(self, pids: dict[str, int], pg_pid: int | None) -> None:
-        self.pids, self.pg_pid = pids, pg_pid
+    def __init__(self, pids: dict[str, int], pg_pid: int | None, pg=None) -> None:
+        self.pids, self.pg_pid, self.pg = pids, pg_pid, pg
 
     def _sample(self) -> dict[str, float]:
         import psutil
@@ -193,14 +195,36 @@ class CpuMeter:
         s["machine busy"] = t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
         return s
 
+    def _wal(self) -> dict[str, float] | None:
+        if self.pg is None:
+            return None
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.pg.port, user="archplace", password=self.pg.password,
+                             dbname="postgres", autocommit=True) as conn:
+            row = conn.execute("SELECT wal_records, wal_sync, wal_sync_time, wal_write, wal_write_time "
+                               "FROM pg_stat_wal").fetchone()
+        return dict(zip(("records", "syncs", "sync_ms", "writes", "write_ms"), map(float, row)))
+
     def start(self) -> None:
+        self.w0 = self._wal()
         self.t0, self.s0 = time.perf_counter(), self._sample()
 
     def stop(self) -> dict:
         s1, wall = self._sample(), time.perf_counter() - self.t0
         cpu = {k: round(max(s1[k] - self.s0.get(k, 0.0), 0.0), 2) for k in s1}
-        return {"wall_s": round(wall, 2), "cpu_s": cpu,
-                "machine_cores_busy": round(cpu["machine busy"] / wall, 2)}
+        out = {"wall_s": round(wall, 2), "cpu_s": cpu,
+               "machine_cores_busy": round(cpu["machine busy"] / wall, 2)}
+        if self.pg is not None:
+            time.sleep(1.2)  # backends publish their WAL statistics at most once a second
+            w1 = self._wal()
+            d = {k: w1[k] - self.w0[k] for k in w1}
+            out["postgresql_wal"] = {"records": d["records"], "syncs": d["syncs"],
+                                     "sync_ms_total": round(d["sync_ms"], 1),
+                                     "sync_ms_per_sync": (round(d["sync_ms"] / d["syncs"], 2)
+                                                          if d["syncs"] else None),
+                                     "write_ms_total": round(d["write_ms"], 1)}
+        return out
 
 
 def pg_postmaster_pid(server) -> int | None:
@@ -469,7 +493,7 @@ def evaluations(url: str, token: str, n: int, repeats: int) -> dict:
 
 
 # ---------------------------------------------------------------------- one configuration
-def run_config(name: str, db: str, args, levels: list[int], pg_pid: int | None, prof_dir: Path | None,
+def run_config(name: str, db: str, args, levels: list[int], pg, prof_dir: Path | None,
                with_evaluations: bool) -> dict:
     from ray import serve
 
@@ -487,7 +511,7 @@ def run_config(name: str, db: str, args, levels: list[int], pg_pid: int | None, 
         pids = serve_pids()
         out["ask_tell"] = []
         for c in levels:
-            meter = CpuMeter(pids, pg_pid) if c == max(levels) else None
+            meter = CpuMeter(pids, pg_postmaster_pid(pg) if pg else None, pg) if c == max(levels) else None
             prof = None
             if meter:
                 meter.start()
@@ -496,6 +520,10 @@ def run_config(name: str, db: str, args, levels: list[int], pg_pid: int | None, 
             r = ask_tell(url, token, c, args.rounds, name.replace("-", "_"))
             if meter:
                 r["cpu"] = meter.stop()
+                # the cost of one request in each process: load on the machine stretches wall times,
+                # much less these; two cores give at most 2000 ms of CPU per second
+                r["cpu"]["ms_per_request"] = {k: round(1e3 * v / r["requests"], 2)
+                                              for k, v in r["cpu"]["cpu_s"].items() if k != "machine busy"}
             if prof:
                 r["profile_replica_0"] = prof.stop()
             out["ask_tell"].append(r)
@@ -524,6 +552,10 @@ def main() -> int:
     ap.add_argument("--cached-repeats", type=int, default=5, help="times the cached requests are repeated")
     ap.add_argument("--max-ongoing-requests", type=int, default=None,
                     help="each replica's concurrent requests (default: ServeConfig's)")
+    ap.add_argument("--pg-synchronous-commit", choices=("on", "off"), default="on",
+                    help="PostgreSQL's synchronous_commit (on, its default: each commit waits for its WAL "
+                         "flush; off: as SQLite's synchronous=NORMAL, a crash of the machine may lose the "
+                         "last commits but never corrupts)")
     ap.add_argument("--no-optuna", action="store_true", help="skip the Optuna RDBStorage anchor")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy one replica during the largest level of each two-replica configuration")
@@ -561,8 +593,9 @@ def main() -> int:
             if any(CONFIGS[c][0] == "postgresql" for c in configs):
                 from pg_util import PostgresServer
 
-                pg = PostgresServer().start()  # PostgreSQL's default durability
-            pg_pid = pg_postmaster_pid(pg) if pg else None
+                # PostgreSQL's default durability unless --pg-synchronous-commit off; WAL flushes timed
+                pg = PostgresServer(settings={"synchronous_commit": args.pg_synchronous_commit,
+                                              "track_wal_io_timing": "on"}).start()
             connect(None)
             prof_dir = tmp if args.profile else None
             for i, name in enumerate(configs):
@@ -570,7 +603,7 @@ def main() -> int:
                 db = (pg.create_database(f"svc_{name.replace('-', '_')}") if backend == "postgresql"
                       else str(tmp / f"{name}.db"))
                 print(f"{name}: starting", flush=True)
-                results.append(run_config(name, db, args, levels, pg_pid if backend == "postgresql" else None,
+                results.append(run_config(name, db, args, levels, pg if backend == "postgresql" else None,
                                           prof_dir, with_evaluations=(i == 0 and args.evaluations > 0)))
             if not args.no_optuna:
                 from archplace.service.schemas import StudyCreate
@@ -643,8 +676,8 @@ def pg_show(pg) -> dict:
     eng = sa.create_engine(pg.url())
     try:
         with eng.connect() as conn:
-            keys = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers",
-                    "max_connections")
+            keys = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
+                    "shared_buffers", "max_connections")
             return {k: conn.exec_driver_sql(f"SHOW {k}").scalar_one() for k in keys}
     finally:
         eng.dispose()

@@ -103,9 +103,11 @@ class PostgresServer:
         self.bindir = self.bindir or find_bin()
         if self.bindir is None:
             raise FileNotFoundError("PostgreSQL not found: no pg_ctl on PATH or in /usr/lib/postgresql/*/bin")
-        self.root = Path(tempfile.mkdtemp(prefix="archplace-pg-"))
         who = _run_as()
-        if who:  # /tmp is world-traversable; the directory itself goes to the server's account
+        # as root, in /tmp (world-traversable) rather than $TMPDIR, which may sit under /root; the
+        # directory itself then goes to the server's account
+        self.root = Path(tempfile.mkdtemp(prefix="archplace-pg-", dir="/tmp" if who else None))
+        if who:
             os.chown(self.root, who.pw_uid, who.pw_gid)
         self.password = secrets.token_hex(16)
         pwfile = self.root / "pw"

@@ -79,6 +79,25 @@ def test_service_restart_mid_load_loses_nothing(svc):
     assert {s["name"] for s in c.list_studies()} >= {"loop", "idem", "restart"}
 
 
+def test_a_reason_with_a_nul_character_is_refused_not_a_500(svc):
+    """Old code: a completion's ``reason`` is the one request string stored as raw text (the rest is
+    pattern-checked or stored as JSON, which escapes it). SQLite stored a NUL character in it;
+    PostgreSQL's text cannot hold one, so psycopg raised DataError and the service answered 500. Now
+    it is a 422 naming the field on every database, and other control characters are stored as sent."""
+    from archplace.client import ServiceError
+
+    c = svc.client("alice")
+    c.create_study(name="nul", models=["bert-base"], searcher="random", seed=5)
+    a, b = c.suggest("nul", count=2, client_id="nul")
+    with pytest.raises(ServiceError) as e:
+        c.complete("nul", a["number"], infeasible=True, reason="too big\x00for HBM")
+    assert e.value.status == 422 and e.value.message.startswith("reason:"), e.value.message
+    assert c.trial("nul", a["number"])["state"] == "PENDING"
+    odd = "too big\x01\t\u00e9\U0001f600 for HBM"
+    assert c.complete("nul", b["number"], infeasible=True, reason=odd)["reason"] == odd
+    assert c.trial("nul", b["number"])["reason"] == odd
+
+
 def test_plain_postgresql_url_gets_the_installed_driver(pg_server):
     """Old code: ``--db postgresql://...`` (the form PostgreSQL's own docs and most hosts give) went
     to SQLAlchemy as is, which picks psycopg2 for it; only psycopg 3 is installed, so every replica
