@@ -65,7 +65,11 @@ from pathlib import Path
 import numpy as np
 from _meta import command, git_state, machine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # pg_util: the tests' PostgreSQL
+ROOT = Path(__file__).resolve().parents[1]
+# this checkout's archplace, in this process and in Ray's workers (the Serve replicas), not another
+# checkout's editable install; and pg_util, the tests' PostgreSQL
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 CONFIGS = {"sqlite-1": ("sqlite", 1), "sqlite-2": ("sqlite", 2),
            "postgresql-1": ("postgresql", 1), "postgresql-2": ("postgresql", 2)}
