@@ -24,3 +24,19 @@ def ray_session():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="archplace-tests")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL server for the test session (``pg_util.PostgresServer``: initdb in a
+    temporary directory, 127.0.0.1 only), started on first use. Tests that need it skip, saying why,
+    when PostgreSQL is not installed. Durability is off (fsync): tests check behaviour, not crashes."""
+    from pg_util import PostgresServer, find_bin
+
+    if find_bin() is None:
+        pytest.skip("PostgreSQL is not installed: no pg_ctl on PATH or in /usr/lib/postgresql/*/bin "
+                    "(`apt-get install postgresql`; .ci/run does this)")
+    server = PostgresServer(settings={"fsync": "off", "synchronous_commit": "off",
+                                      "full_page_writes": "off"}).start()
+    yield server
+    server.stop()

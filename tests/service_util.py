@@ -1,5 +1,5 @@
 """The real service for tests: Ray Serve on the session's embedded Ray, HTTP on 127.0.0.1, a SQLite
-database in a temporary directory, token auth with two owners."""
+database in a temporary directory (or a PostgreSQL URL, see pg_util.py), token auth with two owners."""
 
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ class RunningService:
         self.url = start(self.cfg)
 
 
-def start_service(tmp: Path, **cfg_kw) -> RunningService:
+def start_service(tmp: Path, db: str | None = None, **cfg_kw) -> RunningService:
+    """``db``: a database URL (PostgreSQL); by default a SQLite file in ``tmp``."""
     from archplace.service.auth import create_token
     from archplace.service.db import make_engine
     from archplace.service.deployment import ServeConfig, start
 
-    db = str(tmp / "service.db")
+    db = db or str(tmp / "service.db")
     engine = make_engine(db)
     tokens = {o: create_token(engine, o) for o in ("alice", "bob")}
     engine.dispose()

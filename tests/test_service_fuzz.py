@@ -169,7 +169,7 @@ BAD_VALUES = ["abc", [], 5, {"throughput": "abc"}, {"throughput": NAN}, {"throug
               {"throughput": None}, {"x" * 33: 1.0}, {f"o{i}": 1.0 for i in range(9)}, {"bogus": 1.0},
               {"throughput": [1]}, {"throughput": {}}, {"throughput": 2.0}, {"": 1.0},
               {"throughput": Raw("NaN")}]
-BAD_REASON = [5, [], {}, True, "x" * 2001]
+BAD_REASON = [5, [], {}, True, "x" * 2001, "a\x00b"]  # NUL: PostgreSQL text cannot hold it (was a 500 there)
 
 
 # Each numeric field gets the core invalid values below, plus a few of the extras (seeded picks, so

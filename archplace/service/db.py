@@ -143,9 +143,15 @@ results_cache = sa.Table(
 
 
 def database_url(db: str | Path) -> str:
-    """A SQLAlchemy URL from ``--db``: a URL as is, anything else a SQLite file path."""
+    """A SQLAlchemy URL from ``--db``: a URL as is, anything else a SQLite file path. A plain
+    ``postgresql://`` (or ``postgres://``) URL gets the psycopg 3 driver, the one archplace installs:
+    SQLAlchemy's default for it is psycopg2, which is not installed (it failed with
+    ``No module named 'psycopg2'``)."""
     text = str(db)
     if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme in ("postgresql", "postgres"):
+            return f"postgresql+psycopg://{rest}"
         return text
     path = Path(text).expanduser().resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +181,19 @@ def make_engine(db: str | Path) -> sa.Engine:
         def _on_begin(conn) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
     else:
-        engine = sa.create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=32)
+        # pre-ping: a pooled connection that a database restart cut is replaced, not handed to a request
+        args = {"connect_timeout": 10} if url.startswith("postgresql") else {}
+        engine = sa.create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=32, connect_args=args)
+    if engine.dialect.name == "postgresql":
+        # Replicas starting together race to create the schema, and PostgreSQL reports the loser as
+        # a unique violation in its catalog (IntegrityError) or "already exists" (ProgrammingError),
+        # which the retry below did not catch: the second replica of a fresh deployment died. DDL is
+        # transactional here, so one transaction-scoped advisory lock serialises the creators.
+        with engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+            metadata.create_all(conn)
+        check_schema(engine)
+        return engine
     for attempt in range(5):  # replicas starting together may race to create the schema
         try:
             metadata.create_all(engine)
@@ -209,6 +227,9 @@ def check_schema(engine: sa.Engine) -> None:
             f"database {where} has service schema {got or 1}, this archplace needs {SCHEMA_VERSION}: "
             "move it aside and start with a new one (studies cannot be migrated in place)"
         )
+
+
+_SCHEMA_LOCK_KEY = 0x61726368706C6163 & 0x7FFFFFFFFFFFFFFF  # "archplac": any fixed bigint shared by replicas
 
 
 _SQLITE_WRITERS: dict[int, threading.Lock] = {}

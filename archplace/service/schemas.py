@@ -290,7 +290,7 @@ class CompleteRequest(Strict):
     state: Literal["COMPLETED", "INFEASIBLE", "FAILED", "ABANDONED"] = "COMPLETED"
     value: Finite | None = Field(default=None, description="the first objective's value")
     values: dict[Annotated[str, Field(max_length=32)], Finite] | None = Field(default=None, max_length=8)
-    reason: str | None = Field(default=None, max_length=LIMITS["reason_chars"])
+    reason: str | None = Field(default=None, max_length=LIMITS["reason_chars"], pattern=r"^[^\x00]*$")
 
     @model_validator(mode="after")
     def _shape(self) -> CompleteRequest:
