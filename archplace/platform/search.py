@@ -338,6 +338,22 @@ def _sigint_stops(event: threading.Event):
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
 
 
+@contextlib.contextmanager
+def _env(**values: str):
+    """Environment variables set for the block and restored after it (Tune reads some of its
+    switches from the environment when a run starts)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class _StoreSink:
     """What the Tune callback does, in the driver: every reported architecture into the result store,
     newly solved slices into the schedule cache, and the architectures a failed trial left
@@ -531,9 +547,6 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     # our progress line replaces Tune's tables; failed trials are recorded with their error, so
     # Tune's own tracebacks stay in its logs (DIR/tune) rather than on the terminal
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # the result store is the search's record: Tune's per-trial result.json / progress.csv /
-    # TensorBoard files only repeated it (OUT/tune was about 150x evaluations.parquet, issue 29)
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
     # read before Ray starts, so an unreadable file is an error before any start-up cost
@@ -595,7 +608,10 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
                                       failure_config=tune.FailureConfig(
                                           max_failures=max_failures if searcher == "optuna" else 0)))
         try:
-            with _sigint_stops(interrupted):
+            # the result store is the search's record: Tune's per-trial result.json / progress.csv /
+            # TensorBoard files only repeated it (OUT/tune was about 150x evaluations.parquet, issue
+            # 29). Only while this search runs: tune-rl in the same process reads progress.csv
+            with _sigint_stops(interrupted), _env(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1"):
                 grid = tuner.fit()
             stats["new_trials"] = len(grid)
         finally:
