@@ -236,7 +236,8 @@ def _load(svc, study: str, clients: int, rounds: int, disturb, after_done: int):
 def test_service_restart_mid_load_loses_nothing(svc):
     c = svc.client("alice", retries=60)
     done = c.partition("bert-base", algo="greedy", chiplets=4, seq=128, timeout_s=600)
-    in_flight = c.partition("bert-base", algo="random", chiplets=16, seq=128, budget=300, wait=False)
+    # long enough to be in flight at the restart (it is queued behind the greedy one's worker)
+    in_flight = c.partition("bert-base", algo="random", chiplets=16, seq=128, budget=120, wait=False)
     _load(svc, "restart", clients=8, rounds=12, disturb=svc.restart, after_done=16)
     assert c.operation(done["id"]) == done  # a completed operation survives
     after = c.wait(in_flight["id"], timeout_s=600)  # one in flight is run (again) after it
