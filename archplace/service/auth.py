@@ -104,16 +104,11 @@ class TokenCache:
         return MISS
 
     def owner(self, token: str) -> str | None:
-        if not self._plausible(token):
-            return None
+        cached = self.peek(token)
+        if cached is not MISS:
+            return cached
         h = token_hash(token)
         now = time.monotonic()
-        hit = self._known.get(h)
-        if hit is not None and now - hit[1] < self.ttl_s:
-            return hit[0]
-        seen = self._unknown.get(h)
-        if seen is not None and now - seen < self.ttl_s:
-            return None
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.select(tokens.c.owner).where(tokens.c.token_sha256 == h, tokens.c.revoked.is_(False))
