@@ -33,7 +33,7 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   ``mul_scalar``; norms: ``layer_norm_h1024``; softmax: ``softmax_h1024``; reductions: ``sum``), per
   dtype; clamped (and counted) outside 2^10..2^28 elements; never faster than the vector-flop roofline.
 - ``attention`` (fused, FlashAttention-style): all its flops at the bmm efficiency of its gemm dims, or
-  its bytes at HBM bandwidth if slower, plus one launch.
+  its bytes at HBM bandwidth if slower, plus one launch (the floor).
 - every op that runs a kernel costs at least the measured back-to-back per-call time
   (``launch.tiny_add_x100_s``, eager PyTorch's dispatch rate); ``view``, ``input`` and ``tp_copy`` cost 0.
 
@@ -448,7 +448,7 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
         t[bmm], clamped[bmm] = tb + vec_s[bmm], c
     if att.any():
         ta, c = bmm_time_s(cal, spec, dtype, b[att], m[att], nn[att], k[att], flops[att])
-        t[att], clamped[att] = np.maximum(ta, moved[att] / spec.hbm_bytes_per_s), c
+        t[att], clamped[att] = np.maximum(ta, moved[att] / spec.hbm_bytes_per_s) + cal.floor_s, c
     if conv.any():
         rows = np.flatnonzero(conv)
         fwd_dims = np.stack([b * m, nn, k, gf], 1)  # im2col dims and flops of the forward op
