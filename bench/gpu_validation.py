@@ -142,6 +142,7 @@ class Layers:
         self.tmp, self.op_models, self.gpu = tmp, op_models, gpu_spec(GPU)
         self.cache: dict = {}
         self.notes: dict[str, dict] = {}
+        self.diagnostics: dict[str, dict] = {}
         self.capture_s = 0.0
 
     def get(self, hidden: int, heads: int, t: int, b: int) -> dict:
@@ -155,14 +156,54 @@ class Layers:
             t0 = time.perf_counter()
             g = build_graph(hf_ref(_config_file(self.tmp, hidden, heads)), seq=SEQ, mbs=b, tmp=t)
             self.capture_s += time.perf_counter() - t0
-            out = {}
+            out, times = {}, {}
             for om in self.op_models:
                 ot = gpu_op_times(g, self.gpu, dtype=DTYPE, op_model=om)
                 self.notes[om] = ot.to_dict()
+                times[om] = ot.time_s
                 out[om] = {name: layer_cost(g, ot.time_s, name)
                            for name in ("transformer.h.1", "embed", "head")}
             self.cache[key] = out
+            self.diagnostics[f"h{hidden} a{heads} t{t} b{b}"] = layer_diagnostics(g, times, self.gpu)
         return self.cache[key]
+
+
+def layer_diagnostics(g, times: dict, gpu) -> dict:
+    """Where one layer's forward + backward time goes under each op model: weight GEMMs, attention's
+    batched GEMMs, vector ops (ms), the weight GEMMs' achieved TFLOP/s, and the ops the calibrated model
+    holds at its per-op launch floor, with the time that floor adds over the roofline of those ops."""
+    from archplace.simulators.gpu_ops import gpu_op_times, load_calibration, nearest_measured
+
+    nd = g.nodes
+    li = g.meta["layers"].index("transformer.h.1")
+    rows = (nd["layer"] == li) & (nd["core"] != "comm") & (nd["core"] != "none") & (nd["kind"] != "allreduce")
+    tensor = np.isin(nd["core"], ("tensor", "fused"))
+    bmm = tensor & (nd["kind"] == "matmul") & (nd["gemm_b"] > 1) & (nd["weight_bytes"] == 0)
+    gemm = tensor & ~bmm
+    gflops = (nd["flops"] - nd["vector_flops"])
+    # element-wise ops Megatron fuses into a neighbour (Narayanan et al. 2021, §4.2: bias + dropout +
+    # residual add, and scale + mask + softmax): the adds fed by a dropout or feeding a softmax, and
+    # their backward rows
+    src, dst = g.edge_pos
+    fwd_add = rows & ~nd["is_backward"] & (nd["kind"] == "add")
+    fused = np.zeros(g.num_nodes, bool)
+    fused[src[fwd_add[src] & (nd["kind"][dst] == "softmax")]] = True
+    fused[dst[fwd_add[dst] & (nd["kind"][src] == "dropout")]] = True
+    fused |= rows & np.isin(nd["fwd_id"], nd["id"][fused])
+    out: dict = {"ops": int(rows.sum()), "fusable_ops": int(fused.sum())}
+    for om, ts in times.items():
+        out[om] = {"weight_gemm_ms": float(ts[rows & gemm].sum() * 1e3),
+                   "attention_bmm_ms": float(ts[rows & bmm].sum() * 1e3),
+                   "vector_ms": float(ts[rows & ~tensor].sum() * 1e3),
+                   "fusable_vector_ms": float(ts[fused].sum() * 1e3),
+                   "weight_gemm_tflops": float(gflops[rows & gemm].sum() / ts[rows & gemm].sum() / 1e12)}
+    if "calibrated" in times:
+        floor = load_calibration(nearest_measured(gpu)).floor_s
+        roof = gpu_op_times(g, gpu, dtype=DTYPE, op_model="roofline").time_s
+        at = rows & (times["calibrated"] <= floor * (1 + 1e-9))
+        out["calibrated"].update(floor_ops=int(at.sum()), launch_floor_us=floor * 1e6,
+                                 floor_excess_ms=float((floor - roof[at]).clip(0).sum() * 1e3))
+    return out
 
 
 def links(tp: int, dp: int):
@@ -236,6 +277,13 @@ def run_narayanan(L: Layers, bs: tuple[int, ...]) -> list[dict]:
         m = batch // d
         vmax = _max_v(layers, p)
         row["bubble_fraction"] = {"v=1": bubble_fraction(p, m), f"v={vmax}": bubble_fraction(p, m, vmax)}
+        if vmax > 1:
+            setup = TrainSetup(tp=t, pp=p, dp=d, micro_batch=1, global_batch=batch, virtual_stages=vmax)
+            row["v_sensitivity"] = {}
+            for om in L.op_models:
+                it = predict(L.get(hidden, heads, t, 1)[om], layers, hidden, setup)["iteration_s"]
+                row["v_sensitivity"][om] = {"virtual_stages": vmax, "iteration_s": it,
+                                            "rel_error": it / pub_s - 1}
         rows.append(row)
     return rows
 
@@ -297,6 +345,37 @@ def run_table4(L: Layers) -> list[dict]:
     return rows
 
 
+def effects(nar: list[dict], kor: list[dict], diag: dict) -> list[dict]:
+    """Per run, the calibrated prediction's error beside the shares of its iteration that each modelled
+    effect takes (tensor-parallel collectives, pipeline bubble, exposed data-parallel all-reduce,
+    optimizer), the share the calibrated launch floor adds over the roofline of the ops it holds, the
+    share of all vector ops and of the element-wise adds Megatron fuses away (each approximated as the
+    layer's part over its calibrated time, times the layers' share of the iteration)."""
+    out = []
+    for r in nar + kor:
+        if "calibrated" not in r["predicted"]:
+            continue
+        pc = r["predicted"]["calibrated"]
+        sh = pc["share_of_iteration"]
+        dg = diag[f"h{r['hidden']} a{r['heads']} t{r['tp']} b{r['micro_batch']}"]
+        c = dg["calibrated"]
+        layer_ms = c["weight_gemm_ms"] + c["attention_bmm_ms"] + c["vector_ms"]
+        pub = r["published"].get("iteration_s", r["published"].get("iteration_s_implied"))
+        out.append({"run": f"{r['paper'].split()[0]} {r['table']} {r['label']}",
+                    "calibrated_rel_error": pc["rel_error"],
+                    "roofline_rel_error": r["predicted"].get("roofline", {}).get("rel_error"),
+                    "tp_comm_share": sh["tp_comm_s"], "bubble_share": sh["bubble_s"],
+                    "dp_exposed_share": sh["dp_exposed_s"], "optimizer_share": sh["optimizer_s"],
+                    "launch_floor_share": c["floor_excess_ms"] / layer_ms
+                    * (sh["compute_s"] + sh["recompute_s"]),
+                    "unfused_elementwise_share": c["fusable_vector_ms"] / layer_ms
+                    * (sh["compute_s"] + sh["recompute_s"]),
+                    "vector_share": c["vector_ms"] / layer_ms * (sh["compute_s"] + sh["recompute_s"]),
+                    "weight_gemm_tflops_calibrated": c["weight_gemm_tflops"],
+                    "published_s": pub})
+    return out
+
+
 def stats(rows: list[dict], om: str, key: str) -> dict:
     from scipy.stats import spearmanr
 
@@ -338,7 +417,8 @@ def main() -> int:
            "constants": {"grad_bytes_per_param": GRAD_BYTES_PER_PARAM,
                          "optimizer_bytes_per_param": OPTIMIZER_BYTES_PER_PARAM, "seq": SEQ, "vocab": VOCAB,
                          "gpus_per_node": GPUS_PER_NODE},
-           "summary": summary, "korthikanti_table5": kor, "korthikanti_table4_layer": t4,
+           "summary": summary, "effects": effects(nar, kor, L.diagnostics),
+           "layer_diagnostics": L.diagnostics, "korthikanti_table5": kor, "korthikanti_table4_layer": t4,
            "narayanan_table1": nar}
     _print(out)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -363,6 +443,13 @@ def _print(out: dict) -> None:
         print(f"K22 T4 22B layer: {r['technique']:<34} {r['published_ms']['combined']:>8.1f}ms "
               + " ".join(f"{r['predicted_ms'][om]['combined']:>9.1f}ms "
                          f"{r['predicted_ms'][om]['rel_error_combined']:>+7.1%}" for om in oms))
+    print(f"{'effects (share of the calibrated iteration)':<52} {'err':>7} {'TP':>6} {'bubble':>6} {'DP':>6} "
+          f"{'optim':>6} {'floor':>6} {'vector':>6} {'fusable':>7}")
+    for e in out["effects"]:
+        print(f"{e['run'][:52]:<52} {e['calibrated_rel_error']:>+7.1%} {e['tp_comm_share']:>6.1%} "
+              f"{e['bubble_share']:>6.1%} {e['dp_exposed_share']:>6.1%} {e['optimizer_share']:>6.1%} "
+              f"{e['launch_floor_share']:>6.1%} {e['vector_share']:>6.1%} "
+              f"{e['unfused_elementwise_share']:>7.1%}")
     for om, s in out["summary"].items():
         for k, v in s.items():
             print(f"{om:>10} {k:<22} n={v['n']:>2} median |err| {v['median_abs_rel_error']:.1%} "
