@@ -31,6 +31,7 @@ from ._common import (
 
 PIPELINE_ALGOS = ("dp", "rainbow", "pretrained", "exact")
 CLUSTERS = ("A", "B", "C")      # 2, 3 or 4 servers of 8 V100
+OP_MODELS = ("roofline", "calibrated", "profiled")  # simulators/gpu_ops.OP_MODELS (this module stays light)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,11 @@ class PipelineRequest(Request):
         check_optional_str("pretrained", self.pretrained)
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
-        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile)
+        from ..hardware.gpus import GPUS
+
+        # a pipeline server is 8 GPUs on NVLink: the P100 PCIe has none
+        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
+                         gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
         if self.algo != "rainbow" and (self.env_runners or self.learners):
             raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
                                  "env_runners", "learners", "algo")
@@ -103,8 +108,6 @@ class PipelineRequest(Request):
 def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None) -> None:
     """The GPU preset, op model, dtype and profile fields shared by ``pipeline`` and ``place-ops``."""
     from ..hardware.gpus import DTYPES, GPUS
-    from ..simulators.gpu_ops import OP_MODELS
-
     if gpu is not None:
         check_choice(gpu_field, gpu, tuple(gpus or sorted(GPUS)))
     if op_model is not None:
