@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from cluster_util import REPO_ROOT, ray_executable, two_node_cluster
 
 pytestmark = pytest.mark.slow
@@ -30,14 +31,21 @@ def _cli(cluster, *args: str, timeout: float = 600) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster):
+def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster, tmp_path):
+    # a small PPO (one 20-sample iteration of 2 epochs, a 16-wide GNN): what is tested is where the
+    # samples run and that their bookkeeping reaches the driver, not learning; the default YAML's
+    # 80-sample iteration of 10 epochs on the full 8 x 128 GNN took 100-600 s here
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump({"ppo": {"episodes_per_iteration": 5, "num_epochs": 2},
+                                   "model": {"hidden": 16, "num_layers": 2, "head_hiddens": [16],
+                                             "vf_hiddens": [16]}}))
     res = _cli(cluster, "partition", "bert-base", "--seq", "128", "--chiplets", "16", "--algo", "ppo",
-               "--budget", "40", "--env-runners", "2")
+               "--budget", "20", "--env-runners", "2", "--config", str(cfg))
     # every sample's repair reached the driver from both runners (its stage counted once); most repaired
     # partitions of an untrained policy fail memory on bert-base over 8 chips (the repair models
     # Eqs. 2-4, not the dynamic memory constraint H: 0-1 valid of 40 before and after issue 17's repair)
-    assert res["samples"] == 40 and res["valid"] and 0 <= res["valid_samples"] <= 40
-    assert res["repairs"] == sum(res["repair_stages"].values()) == 40
+    assert res["samples"] == 20 and res["valid"] and 0 <= res["valid_samples"] <= 20
+    assert res["repairs"] == sum(res["repair_stages"].values()) == 20
     assert res["greedy_repair_stage"] in (None, "eq4", "cpsat", "complete")
     assert res["throughput"] >= res["greedy_throughput"] > 0
     assert sorted(res["env_runner_nodes"]) == sorted([cluster.head_node_id, cluster.worker_node_id])
