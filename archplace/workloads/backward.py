@@ -10,6 +10,7 @@ Rules (per forward op u):
 - a vector op gives one gradient op of the same kind, ``bwd_flops_factor`` × its forward flops;
 - a shape-only op gives a shape-only gradient; a forward AllReduce an identity; a ``tp_copy`` the
   AllReduce of the input gradient (Megatron's copy-to-region);
+- fused attention (``attention_fusion.py``) gives one FlashAttention backward op (dQ, dK, dV);
 - model inputs get no gradient.
 Edges: each forward edge u→v becomes a gradient edge from v's gradient op for that argument to
 u's gradient entry; each forward op with saved activations sends them to its gradient ops; every
@@ -52,6 +53,13 @@ def derive_backward(fwd: OpGraph) -> OpGraph:
         name = nd["name"][u]
         out_b, in_b = int(nd["output_bytes"][u]), int(nd["input_bytes"][u])
         if kind == "input" or kind == "profiled":
+            continue
+        if kind == "attention":  # fused attention: one FlashAttention backward op (Algorithm 4)
+            from .attention_fusion import attention_backward_row
+
+            entry[u] = [add(u, **attention_backward_row(fwd, u))]
+            arg_out[u] = {}  # it emits dQ, dK, dV (and the gradient of a live mask) at once
+            saved_to[u] = entry[u]
             continue
         if core in ("tensor", "fused"):
             b, m, nn, k = (int(nd[c][u]) for c in ("gemm_b", "gemm_m", "gemm_n", "gemm_k"))
