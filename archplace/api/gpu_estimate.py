@@ -107,7 +107,7 @@ def gpu_training_graph(model: str, *, seq: int | None, mbs: int, dtype: str, att
     """The training graph of ``model`` at ``dtype``'s bytes per element, attention ``eager`` or ``sdpa``
     (fused after capture, before the backward pass is derived)."""
     from ..simulators.gpu_step import bytes_per_element
-    from ..workloads.attention_fusion import with_attention
+    from ..workloads.backward import with_attention
 
     bpe = bytes_per_element(dtype)
     if model.endswith(".parquet") and not model.startswith("hf:"):
@@ -146,9 +146,9 @@ def estimate_gpu(req: GpuEstimateRequest, *, progress: ProgressFn | None = None,
     steps.stage("graph", ops=g.num_nodes)
     profile = None
     if req.profile is not None:
-        from ..workloads.op_profile import OpProfile
+        from ..simulators.gpu_ops import load_profile
 
-        profile = OpProfile.load(req.profile)
+        profile = load_profile(req.profile)
     step = training_step(g, gpu, dtype=req.dtype, op_model=req.op_model, profile=profile)
     steps.stage("estimate", op_model=step.op_times.op_model, step_time_s=step.step_time_s)
     nd = g.nodes

@@ -17,7 +17,7 @@ def cmd_pipeline(args) -> dict[str, Any]:
     req = api.PipelineRequest(args.model, cluster=args.cluster, stages=args.stages, algo=args.algo,
                               budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
                               pretrained=args.pretrained, env_runners=args.env_runners,
-                              learners=args.learners)
+                              learners=args.learners, attention=args.attention)
     connect_if_needed(req, args.address)
     return api.pipeline(req).to_dict()
 
@@ -27,6 +27,8 @@ def print_pipeline(res: dict[str, Any]) -> None:
     dp = res["algo"] == "dp"
     print(f"{res['model']} on V100 cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
           f"[{res['algo']}, {res['wall_s']:.1f} s]")
+    if res.get("attention"):
+        print(f"  attention    {res['attention']} (fused: FlashAttention's IO-aware traffic)")
     if o["oom"] and dp:
         print(f"  infeasible: no contiguous cut set fits in memory (the smallest peak is "
               f"{max(o['memory_gib']):.1f} GiB per GPU, at cuts {o['cuts']}; DP {o['wall_s']:.2f} s)")
@@ -71,4 +73,7 @@ def add_pipeline_parser(sub) -> None:
                     help="rainbow: remote env runner actors that sample (default 0: in this process)")
     pp.add_argument("--learners", type=int, default=0,
                     help="rainbow: remote learner actors (default 0: in this process)")
+    pp.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                    help="eager (default, as captured: the score matrix goes through HBM) or sdpa (fused, "
+                         "FlashAttention's IO-aware traffic)")
     pp.add_argument("--json", action="store_true")

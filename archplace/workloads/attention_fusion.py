@@ -270,16 +270,3 @@ def attention_backward_row(fwd: OpGraph, u: int) -> dict:
                 gemm_n=n_k, gemm_k=d, flops=gemm_flops + vec, vector_flops=vec,
                 input_bytes=bw.read_bytes, output_bytes=bw.write_bytes)
 
-
-ATTENTION_MODES = ("eager", "sdpa")
-
-
-def with_attention(fwd: OpGraph, attention: str, *, sram_bytes: int = DEFAULT_SRAM_BYTES) -> OpGraph:
-    """The training graph of forward graph ``fwd`` with attention run as ``attention`` says: ``eager``
-    (as captured: the score matrix goes through HBM; exactly ``derive_backward(fwd)``) or ``sdpa`` (a
-    fused FlashAttention-style kernel, :func:`fuse_attention`)."""
-    from .backward import derive_backward
-
-    if attention not in ATTENTION_MODES:
-        raise ValueError(f"attention is {attention!r}; allowed: {list(ATTENTION_MODES)}")
-    return derive_backward(fuse_attention(fwd, sram_bytes=sram_bytes) if attention == "sdpa" else fwd)

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attention_fusion import DEFAULT_SRAM_BYTES, attention_backward_row, fuse_attention
 from .graph import OpGraph
 from .ops import OP_KINDS
+
+ATTENTION_MODES = ("eager", "sdpa")
 
 
 def derive_backward(fwd: OpGraph) -> OpGraph:
@@ -55,8 +58,6 @@ def derive_backward(fwd: OpGraph) -> OpGraph:
         if kind == "input" or kind == "profiled":
             continue
         if kind == "attention":  # fused attention: one FlashAttention backward op (Algorithm 4)
-            from .attention_fusion import attention_backward_row
-
             entry[u] = [add(u, **attention_backward_row(fwd, u))]
             arg_out[u] = {}  # it emits dQ, dK, dV (and the gradient of a live mask) at once
             saved_to[u] = entry[u]
@@ -170,3 +171,13 @@ def _assemble(fwd, rows, entry, arg_out, saved_to, internal) -> OpGraph:
         "arg": np.concatenate([fwd.edges["arg"], np.array([acc[k][1] for k in keys], dtype=np.int16)]),
     }
     return OpGraph(cols, edges, dict(fwd.meta, training=True))
+
+
+def with_attention(fwd: OpGraph, attention: str, *, sram_bytes: int = DEFAULT_SRAM_BYTES) -> OpGraph:
+    """The training graph of forward graph ``fwd`` with attention run as ``attention`` says: ``eager``
+    (as captured: the score matrix goes through HBM; exactly ``derive_backward(fwd)``) or ``sdpa`` (a
+    fused FlashAttention-style kernel, ``attention_fusion.fuse_attention``, for an SRAM of
+    ``sram_bytes``, by default an H100's)."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention is {attention!r}; allowed: {list(ATTENTION_MODES)}")
+    return derive_backward(fuse_attention(fwd, sram_bytes=sram_bytes) if attention == "sdpa" else fwd)
