@@ -265,3 +265,18 @@ def test_cli_estimate_gpu_json_and_text(capsys):
     assert main(["estimate", "bert-base", "--gpu", "h200", "--seq", str(SEQ), "--mbs", str(MBS)]) == 0
     out = capsys.readouterr().out
     assert "bert-base on one NVIDIA H200" in out and "attention eager" in out and "step" in out
+
+
+def test_graph_files_and_request_round_trip(tmp_path):
+    path = str(build_graph("bert-base", seq=SEQ, mbs=MBS).to_parquet(tmp_path / "b.parquet"))
+    direct = {att: api.estimate_gpu(api.GpuEstimateRequest(
+        "bert-base", "h200", mbs=MBS, seq=SEQ, attention=att, op_model="roofline")).step_time_s
+        for att in ("eager", "sdpa")}
+    for att in ("eager", "sdpa"):  # a saved training graph: its forward part is fused again
+        r = api.estimate_gpu(api.GpuEstimateRequest(path, "h200", attention=att, op_model="roofline"))
+        assert r.step_time_s == pytest.approx(direct[att], rel=1e-12)
+    with pytest.raises(api.InvalidRequest, match="dtype fp32 needs 4 bytes per element"):
+        api.estimate_gpu(api.GpuEstimateRequest(path, "h200", dtype="fp32"))
+    req = api.GpuEstimateRequest("bert-base", "h100-sxm", mbs=4, seq=64, dtype="fp16", attention="sdpa",
+                                 op_model="calibrated")
+    assert api.GpuEstimateRequest.from_dict(json.loads(json.dumps(req.to_dict()))) == req
