@@ -31,6 +31,7 @@ from ._common import (
 
 PIPELINE_ALGOS = ("dp", "rainbow", "pretrained", "exact")
 CLUSTERS = ("A", "B", "C")      # 2, 3 or 4 servers of 8 V100
+OP_MODELS = ("roofline", "calibrated", "profiled")  # simulators/gpu_ops.OP_MODELS (this module stays light)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,11 @@ class PipelineRequest(Request):
         check_optional_str("pretrained", self.pretrained)
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
-        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile)
+        from ..hardware.gpus import GPUS
+
+        # a pipeline server is 8 GPUs on NVLink: the P100 PCIe has none
+        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
+                         gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
         check_choice("attention", self.attention, ("eager", "sdpa"))
         if self.algo != "rainbow" and (self.env_runners or self.learners):
             raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
@@ -106,8 +111,6 @@ class PipelineRequest(Request):
 def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None) -> None:
     """The GPU preset, op model, dtype and profile fields shared by ``pipeline`` and ``place-ops``."""
     from ..hardware.gpus import DTYPES, GPUS
-    from ..simulators.gpu_ops import OP_MODELS
-
     if gpu is not None:
         check_choice(gpu_field, gpu, tuple(gpus or sorted(GPUS)))
     if op_model is not None:
@@ -130,7 +133,9 @@ def pipeline_model(req: PipelineRequest):
     from ..hardware.gpus import gpu_spec
     from ..hardware.presets import GPU, V100, gpu_servers, v100_cluster
     from ..simulators.gpu_ops import gpu_op_times, load_profile
+    from ..simulators.gpu_step import sram_bytes
     from ..simulators.pipeline import PipelineSetup, profile_from_graph
+    from ..workloads.backward import with_attention
     from ..workloads.models import build_graph
 
     dtype = req.dtype or "fp16"
@@ -141,9 +146,6 @@ def pipeline_model(req: PipelineRequest):
     else:
         spec = gpu_spec(req.gpu)
         cl = gpu_servers(req.gpu, base.num_servers, dtype)
-    from ..simulators.gpu_step import sram_bytes
-    from ..workloads.backward import with_attention
-
     g = with_attention(build_graph(req.model, mbs=PipelineSetup().micro_batch, training=False), req.attention,
                        sram_bytes=sram_bytes(spec))
     fwd = ~g.nodes["is_backward"]
