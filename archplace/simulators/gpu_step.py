@@ -28,6 +28,8 @@ from .gpu_ops import OpTimes, gpu_op_times
 #   Tensor Core GPU Architecture" whitepaper, 2020, §"A100 SM Architecture");
 # - Hopper GH100 (H100, H200): 256 KB L1/shared per SM, up to 228 KB shared, 227 KB per block ("NVIDIA
 #   H100 Tensor Core GPU Architecture" whitepaper, 2022, §"H100 SM Architecture"; the H200 has the same SM).
+# FlashAttention itself needs Ampere or newer; on Volta and Pascal PyTorch's SDPA runs its memory-efficient
+# kernel, which tiles the same way (no N x N matrix in HBM), so the same IO count stands in for it.
 SRAM_BYTES: dict[str, int] = {
     "p100-pcie": 48 * 1024,
     "v100-sxm2": 96 * 1024,

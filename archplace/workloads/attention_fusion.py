@@ -42,7 +42,7 @@ _CHAIN_KINDS = frozenset({"view", "copy", "mul", "div", "add", "sub", "where", "
 
 @dataclass(frozen=True)
 class FlashTraffic:
-    """HBM elements one (batch, head) pair moves, by algorithm line, and the bytes of the whole op."""
+    """HBM bytes the whole op reads and writes (all batch·head pairs) and the tiling that gives them."""
 
     read_bytes: int
     write_bytes: int
