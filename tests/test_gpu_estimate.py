@@ -226,6 +226,8 @@ def test_pipeline_attention_flag_changes_the_result():
     assert sdpa.forward_ops < eager.forward_ops
     with pytest.raises(api.InvalidRequest, match=r"attention must be one of \['eager', 'sdpa'\]"):
         api.PipelineRequest("bert-base", cluster="A", attention="fused").validate()
+    with pytest.raises(api.InvalidRequest, match="attention sdpa fuses ops it has no time for"):
+        api.PipelineRequest("bert-base", cluster="A", attention="sdpa", profile=__file__).validate()
 
 
 def _err(capsys, argv):
@@ -248,6 +250,8 @@ def test_cli_estimate_gpu_errors(capsys):
         capsys, ["estimate", "bert-base", "--gpu", "h200", "--op-model", "profiled"])
     assert "--profile 'nope.json' does not exist" in _err(
         capsys, ["estimate", "bert-base", "--gpu", "h200", "--profile", "nope.json"])
+    assert "--attention sdpa fuses ops it has no time for" in _err(
+        capsys, ["estimate", "bert-base", "--gpu", "h200", "--profile", __file__, "--attention", "sdpa"])
 
 
 def test_cli_estimate_gpu_json_and_text(capsys):

@@ -72,6 +72,9 @@ class GpuEstimateRequest(Request):
                                      "profile", "op_model")
             if not Path(self.profile).exists():
                 raise invalid("profile", f"{self.profile!r} does not exist")
+            if self.attention == "sdpa":
+                raise InvalidRequest("{profile} times the ops of the captured (eager) graph; "
+                                     "{attention} sdpa fuses ops it has no time for", "profile", "attention")
         elif self.op_model == "profiled":
             raise InvalidRequest("{op_model} profiled needs {profile} FILE (written by archplace profile)",
                                  "op_model", "profile")

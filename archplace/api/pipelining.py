@@ -100,6 +100,9 @@ class PipelineRequest(Request):
         check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
                          gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
         check_choice("attention", self.attention, ("eager", "sdpa"))
+        if self.attention == "sdpa" and self.profile is not None:
+            raise InvalidRequest("{profile} times the ops of the captured (eager) graph; {attention} sdpa "
+                                 "fuses ops it has no time for", "profile", "attention")
         if self.algo != "rainbow" and (self.env_runners or self.learners):
             raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
                                  "env_runners", "learners", "algo")
