@@ -87,15 +87,17 @@ def main() -> None:
             e, s = r["eager"], r["sdpa"]
             meas = row["measured_eager_over_sdpa"]
             print(f"{model:10s} {om:10s} {e['layer_s'] * 1e3:9.3f} {s['layer_s'] * 1e3:9.3f} "
-                  f"{r['eager_over_sdpa_layer']:6.3f} {meas if meas else '-':>8} {e['attention_s'] * 1e3:10.3f} "
+                  f"{r['eager_over_sdpa_layer']:6.3f} {meas if meas else '-':>8} "
+                  f"{e['attention_s'] * 1e3:10.3f} "
                   f"{s['attention_s'] * 1e3:9.3f} {e['attention_bytes'] / 1e9:13.3f} "
                   f"{s['attention_bytes'] / 1e9:6.3f}")
         row["roofline_eager_over_roofline_sdpa"] = (row["roofline"]["eager"]["layer_s"]
                                                     / row["roofline"]["sdpa"]["layer_s"])
         row["roofline_eager_over_calibrated_sdpa"] = (row["roofline"]["eager"]["layer_s"]
                                                       / row["calibrated"]["sdpa"]["layer_s"])
-        print(f"{model:10s} roofline of the eager layer / fused layer: {row['roofline_eager_over_roofline_sdpa']:.3f}"
-              f" (roofline), {row['roofline_eager_over_calibrated_sdpa']:.3f} (calibrated)")
+        print(f"{model:10s} roofline of the eager layer / fused layer: "
+              f"{row['roofline_eager_over_roofline_sdpa']:.3f} (roofline), "
+              f"{row['roofline_eager_over_calibrated_sdpa']:.3f} (calibrated)")
         rows.append(row)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
