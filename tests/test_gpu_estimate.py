@@ -284,3 +284,20 @@ def test_graph_files_and_request_round_trip(tmp_path):
     req = api.GpuEstimateRequest("bert-base", "h100-sxm", mbs=4, seq=64, dtype="fp16", attention="sdpa",
                                  op_model="calibrated")
     assert api.GpuEstimateRequest.from_dict(json.loads(json.dumps(req.to_dict()))) == req
+
+
+def test_ops_outside_every_layer_get_their_own_row(bert):
+    from archplace.hardware.gpus import gpu_spec
+    from archplace.simulators.gpu_step import training_step
+    from archplace.workloads.graph import OpGraph
+
+    g = derive_backward(bert[1])
+    nodes = dict(g.nodes, layer=np.where(g.nodes["layer"] == 0, -1, g.nodes["layer"] - 1).astype(np.int32))
+    meta = dict(g.meta, layers=g.meta["layers"][1:])  # the embedding's ops now belong to no layer
+    g2 = OpGraph(nodes, dict(g.edges), meta)
+    step = training_step(g2, gpu_spec("h200"), dtype="bf16", op_model="roofline")
+    assert [r["name"] for r in step.layers] == [*meta["layers"], "(no layer)"]
+    assert step.layers[-1]["ops"] == int((g.nodes["layer"] == 0).sum())
+    assert sum(r["time_s"] for r in step.layers) == pytest.approx(step.step_time_s, rel=1e-12)
+    with pytest.raises(ValueError, match="needs a training graph"):
+        training_step(bert[0], gpu_spec("h200"), dtype="bf16")
