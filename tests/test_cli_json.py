@@ -28,6 +28,7 @@ SMALL = {
     "models": ["models"],
     "graph": ["graph", "bert-base", "--seq", "32"],
     "estimate": ["estimate", "bert-base", "--arch", "tpuv4", "--seq", "32"],
+    "estimate-gpu": ["estimate", "bert-base", "--gpu", "h200", "--seq", "32"],
     "place-sequential": ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "8",
                          "--global-batch", "64", "--seq", "64", "--sequential", "--hbm", "32"],
     # the layer ILP stops on deterministic budgets (issue 28), so its answer can be stored too; a

@@ -24,6 +24,7 @@ needs.
 """
 
 from ._common import Cancelled, InvalidRequest, ProgressFn, strict_json
+from .gpu_estimate import GpuEstimateRequest, GpuEstimateResult, estimate_gpu
 from .graphs import (
     EstimateRequest,
     EstimateResult,
@@ -45,7 +46,8 @@ from .searching import RECOMPUTE, SearchRequest, SearchResult, search
 
 __all__ = [
     "PARTITION_ALGOS", "PIPELINE_ALGOS", "PLACE_OPS_ALGOS", "PlaceOpsRequest", "PlaceOpsResult", "place_ops",
-    "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult",
+    "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult", "GpuEstimateRequest",
+    "GpuEstimateResult", "estimate_gpu",
     "GraphRequest", "GraphResult", "InvalidRequest", "PartitionRequest", "PartitionResult",
     "PipelineRequest", "PipelineResult", "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
     "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "from_hf_config", "from_module", "graph",

@@ -52,6 +52,7 @@ class PipelineRequest(Request):
     op_model: str | None = None     # roofline | calibrated | profiled (None: the GPU's default)
     dtype: str | None = None        # bf16 | fp16 | tf32 | fp32 of the GEMMs (None: fp16, Auto-MAP's)
     profile: str | None = None      # an op profile JSON (archplace profile); implies op_model profiled
+    attention: str = "eager"        # eager (as captured) or sdpa (fused, workloads/attention_fusion.py)
 
     @property
     def needs_ray(self) -> bool:
@@ -67,7 +68,8 @@ class PipelineRequest(Request):
     @property
     def custom_ops(self) -> bool:
         """Whether a GPU or op-model flag was given (else the V100 roofline of Auto-MAP, unchanged)."""
-        return any(x is not None for x in (self.gpu, self.op_model, self.dtype, self.profile))
+        return any(x is not None for x in (self.gpu, self.op_model, self.dtype, self.profile)) or \
+            self.attention != "eager"
 
     def weights(self) -> str:
         """The pre-trained agent's weights file."""
@@ -97,6 +99,10 @@ class PipelineRequest(Request):
         # a pipeline server is 8 GPUs on NVLink: the P100 PCIe has none
         check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
                          gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
+        check_choice("attention", self.attention, ("eager", "sdpa"))
+        if self.attention == "sdpa" and self.profile is not None:
+            raise InvalidRequest("{profile} times the ops of the captured (eager) graph; {attention} sdpa "
+                                 "fuses ops it has no time for", "profile", "attention")
         if self.algo != "rainbow" and (self.env_runners or self.learners):
             raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
                                  "env_runners", "learners", "algo")
@@ -130,7 +136,9 @@ def pipeline_model(req: PipelineRequest):
     from ..hardware.gpus import gpu_spec
     from ..hardware.presets import GPU, V100, gpu_servers, v100_cluster
     from ..simulators.gpu_ops import gpu_op_times, load_profile
+    from ..simulators.gpu_step import sram_bytes
     from ..simulators.pipeline import PipelineSetup, profile_from_graph
+    from ..workloads.backward import with_attention
     from ..workloads.models import build_graph
 
     dtype = req.dtype or "fp16"
@@ -141,7 +149,8 @@ def pipeline_model(req: PipelineRequest):
     else:
         spec = gpu_spec(req.gpu)
         cl = gpu_servers(req.gpu, base.num_servers, dtype)
-    g = build_graph(req.model, mbs=PipelineSetup().micro_batch)
+    g = with_attention(build_graph(req.model, mbs=PipelineSetup().micro_batch, training=False), req.attention,
+                       sram_bytes=sram_bytes(spec))
     fwd = ~g.nodes["is_backward"]
     params = float(g.nodes["weight_bytes"][fwd].sum()) / int(g.meta.get("bytes_per_element", 2))
     times = gpu_op_times(g, spec, dtype=dtype, op_model=req.op_model,
@@ -170,6 +179,7 @@ class PipelineResult(Result):
     gap: float | None = None        # relative excess of length_s over the optimum
     wall_s: float = 0.0
     op_model: dict[str, Any] | None = None  # OpTimes.to_dict() when a GPU / op-model field was given
+    attention: str | None = None    # "sdpa" when attention ran fused (absent: eager, as captured)
 
     @property
     def cuts(self) -> list[int] | None:
@@ -185,8 +195,9 @@ class PipelineResult(Result):
         head = {k: d.pop(k) for k in ("model", "cluster", "gpus", "stages", "algo", "forward_ops",
                                       "optimizer", "recompute", "optimum")}
         plan, details = d.pop("plan"), d.pop("details")
-        if d.get("op_model") is None:
-            d.pop("op_model", None)
+        for key in ("op_model", "attention"):
+            if d.get(key) is None:
+                d.pop(key, None)
         return {**head, **plan, **details, **d}
 
 
@@ -249,6 +260,7 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
         optimum={**best, "evaluated": opt.evaluated, "wall_s": opt.wall_s, **space},
         plan=plan, details=details, optimal_length_s=best["length_s"],
         feasible=not plan["oom"], gap=gap(plan["length_s"], opt.length_s) if not opt.oom else None,
-        wall_s=time.perf_counter() - t0, op_model=times.to_dict() if times is not None else None)
+        wall_s=time.perf_counter() - t0, op_model=times.to_dict() if times is not None else None,
+        attention="sdpa" if req.attention == "sdpa" else None)
     steps.done(length_s=res.length_s, gap=res.gap)
     return res

@@ -57,9 +57,29 @@ def print_graph(res: dict[str, Any]) -> None:
         print(f"  WARNING      unmapped ops counted as element-wise: {', '.join(res['unmapped_ops'])}")
 
 
+_GPU_ONLY = ("dtype", "attention", "op_model", "profile")
+
+
 def cmd_estimate(args) -> dict[str, Any]:
+    """``--arch``: per-op latency on an accelerator; ``--gpu``: one training step on one GPU."""
+    if args.gpu is not None:
+        if args.arch is not None:
+            raise ValueError(f"give --arch (an accelerator) or --gpu (a GPU), not both (got {args.arch!r} "
+                             f"and {args.gpu!r})")
+        if args.backend is not None or args.tmp != 1:
+            raise ValueError("--backend and --tmp apply to --arch (an accelerator), not --gpu")
+        req = api.GpuEstimateRequest(model_ref(args), args.gpu, mbs=args.mbs, seq=args.seq,
+                                     dtype=args.dtype or "bf16", attention=args.attention or "eager",
+                                     op_model=args.op_model, profile=args.profile,
+                                     capture_blocks=args.capture_blocks, optimizer=args.optimizer)
+        return api.estimate_gpu(req).to_dict()
+    if args.arch is None:
+        raise ValueError("--arch ACCELERATOR or --gpu NAME is required")
+    given = [f"--{f.replace('_', '-')}" for f in _GPU_ONLY if getattr(args, f) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --gpu, not --arch")
     req = api.EstimateRequest(model_ref(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
-                              backend=args.backend, optimizer=args.optimizer,
+                              backend=args.backend or "analytical", optimizer=args.optimizer,
                               capture_blocks=args.capture_blocks)
     return api.estimate(req).to_dict()
 
@@ -77,7 +97,41 @@ def _print_profiled(res: dict[str, Any]) -> None:
         print(f"  {o['name'][:58]:58s} {o['single_core_s']:12.6g}")
 
 
+def _print_gpu_estimate(res: dict[str, Any]) -> None:
+    om = res["op_model"]
+    print(f"{res['model']} on one {res['gpu']['label']} ({res['gpu']['name']}), {res['dtype']}, "
+          f"microbatch {res['mbs']}, seq {res['seq']}, attention {res['attention']}  [{om['op_model']}]")
+    print(f"  op model     {om['note']}")
+    fl = res["achieved_flops_per_s"]
+    print(f"  step         {res['step_time_s'] * 1e3:.3f} ms (forward {res['forward_s'] * 1e3:.3f}, backward "
+          f"{res['backward_s'] * 1e3:.3f}), {fmt_flops(res['flops'])}"
+          + (f", {fl / 1e12:.1f} TFLOP/s achieved" if fl else ""))
+    fa = res.get("fused_attention")
+    if fa:
+        left = f"; left eager: {fa['left_eager']}" if fa["left_eager"] else ""
+        print(f"  attention    {fa['ops']} eager attention(s) fused (FlashAttention, SRAM "
+              f"{fmt_bytes(fa['sram_bytes'])}){left}")
+    mem = res["memory"]
+    print(f"  memory       {fmt_bytes(mem['total_bytes'])}: weights {fmt_bytes(mem['weight_bytes'])}, "
+          f"gradients {fmt_bytes(mem['gradient_bytes'])}, {mem['optimizer']} state "
+          f"{fmt_bytes(mem['optimizer_bytes'])}, activations {fmt_bytes(mem['activation_bytes'])}")
+    print("  by kind      " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in
+                                      sorted(res["by_kind_s"].items(), key=lambda kv: -kv[1]) if v))
+    rows = res["layers"]
+    shown = rows if len(rows) <= 8 else [*rows[:4], None, *rows[-3:]]
+    print(f"  {'layer':40s} {'ms':>10s} {'fwd ms':>10s} {'bwd ms':>10s}")
+    for r in shown:
+        if r is None:
+            print(f"  … {len(rows) - 7} more")
+            continue
+        print(f"  {r['name'][:40]:40s} {r['time_s'] * 1e3:10.3f} {r['forward_s'] * 1e3:10.3f} "
+              f"{r['backward_s'] * 1e3:10.3f}")
+
+
 def print_estimate(res: dict[str, Any]) -> None:
+    if "step_time_s" in res:
+        _print_gpu_estimate(res)
+        return
     if res.get("reason"):
         print(f"{res['model']}: all latencies are 0: {res['reason']}")
     if res["backend"] == "profiled":
@@ -122,13 +176,27 @@ def add_graph_parser(sub) -> None:
 
 
 def add_estimate_parser(sub) -> None:
-    e = sub.add_parser("estimate", help="per-op latency of a model on an accelerator")
+    e = sub.add_parser("estimate", help="per-op latency of a model on an accelerator (--arch), or its "
+                                        "training step on one GPU (--gpu)")
     e.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
     add_model_args(e)
-    e.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
-    e.add_argument("--backend", choices=["analytical", "zigzag"], default="analytical")
+    e.add_argument("--arch", default=None, help="accelerator preset (tpuv4) or a JSON file")
+    e.add_argument("--gpu", default=None, help="GPU preset (h200, h100-sxm, a100-80gb, a100-40gb, v100-sxm2, "
+                                               "p100-pcie): one training step on one GPU instead of --arch")
+    e.add_argument("--backend", choices=["analytical", "zigzag"], default=None,
+                   help="--arch: cost backend (default analytical)")
     e.add_argument("--seq", type=int, default=None)
     e.add_argument("--mbs", type=int, default=1)
-    e.add_argument("--tmp", type=int, default=1)
+    e.add_argument("--tmp", type=int, default=1, help="--arch: tensor-model-parallel width (one slice)")
+    e.add_argument("--dtype", choices=api.gpu_estimate.GPU_DTYPES, default=None,
+                   help="--gpu: training precision (default bf16)")
+    e.add_argument("--attention", choices=api.gpu_estimate.ATTENTION, default=None,
+                   help="--gpu: eager (default, as captured: the score matrix goes through HBM) or sdpa "
+                        "(fused, FlashAttention's IO-aware traffic)")
+    e.add_argument("--op-model", choices=("roofline", "calibrated", "profiled"), default=None,
+                   help="--gpu: op-time model (default: calibrated where measured data exist for the GPU, "
+                        "else roofline)")
+    e.add_argument("--profile", default=None, metavar="FILE",
+                   help="--gpu: measured op times (archplace profile); implies --op-model profiled")
     e.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam", help=OPTIMIZER_HELP)
     e.add_argument("--json", action="store_true")

@@ -20,7 +20,7 @@ def cmd_pipeline(args) -> dict[str, Any]:
                               budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
                               pretrained=args.pretrained, env_runners=args.env_runners,
                               learners=args.learners, gpu=args.gpu, op_model=args.op_model, dtype=args.dtype,
-                              profile=args.profile)
+                              profile=args.profile, attention=args.attention)
     connect_if_needed(req, args.address)
     return api.pipeline(req).to_dict()
 
@@ -34,6 +34,8 @@ def print_pipeline(res: dict[str, Any]) -> None:
           f"[{res['algo']}, {res['wall_s']:.1f} s]")
     if om:
         print(f"  op model     {om['op_model']}, {om['dtype']}: {om['note']}")
+    if res.get("attention"):
+        print(f"  attention    {res['attention']} (fused: FlashAttention's IO-aware traffic)")
     if o["oom"] and dp:
         print(f"  infeasible: no contiguous cut set fits in memory (the smallest peak is "
               f"{max(o['memory_gib']):.1f} GiB per GPU, at cuts {o['cuts']}; DP {o['wall_s']:.2f} s)")
@@ -82,6 +84,9 @@ def add_pipeline_parser(sub) -> None:
     pp.add_argument("--gpu", default=None, choices=sorted(GPUS),
                     help="servers of 8 of this GPU on its NVLink, its InfiniBand between servers (as many "
                          "servers as --cluster has; default: Auto-MAP's V100 servers on 25 Gbps)")
+    pp.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                    help="eager (default, as captured: the score matrix goes through HBM) or sdpa (fused, "
+                         "FlashAttention's IO-aware traffic)")
     pp.add_argument("--json", action="store_true")
 
 

@@ -10,6 +10,7 @@ Rules (per forward op u):
 - a vector op gives one gradient op of the same kind, ``bwd_flops_factor`` × its forward flops;
 - a shape-only op gives a shape-only gradient; a forward AllReduce an identity; a ``tp_copy`` the
   AllReduce of the input gradient (Megatron's copy-to-region);
+- fused attention (``attention_fusion.py``) gives one FlashAttention backward op (dQ, dK, dV);
 - model inputs get no gradient.
 Edges: each forward edge u→v becomes a gradient edge from v's gradient op for that argument to
 u's gradient entry; each forward op with saved activations sends them to its gradient ops; every
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attention_fusion import DEFAULT_SRAM_BYTES, attention_backward_row, fuse_attention
 from .graph import OpGraph
 from .ops import OP_KINDS
+
+ATTENTION_MODES = ("eager", "sdpa")
 
 
 def derive_backward(fwd: OpGraph) -> OpGraph:
@@ -52,6 +56,11 @@ def derive_backward(fwd: OpGraph) -> OpGraph:
         name = nd["name"][u]
         out_b, in_b = int(nd["output_bytes"][u]), int(nd["input_bytes"][u])
         if kind == "input" or kind == "profiled":
+            continue
+        if kind == "attention":  # fused attention: one FlashAttention backward op (Algorithm 4)
+            entry[u] = [add(u, **attention_backward_row(fwd, u))]
+            arg_out[u] = {}  # it emits dQ, dK, dV (and the gradient of a live mask) at once
+            saved_to[u] = entry[u]
             continue
         if core in ("tensor", "fused"):
             b, m, nn, k = (int(nd[c][u]) for c in ("gemm_b", "gemm_m", "gemm_n", "gemm_k"))
@@ -162,3 +171,13 @@ def _assemble(fwd, rows, entry, arg_out, saved_to, internal) -> OpGraph:
         "arg": np.concatenate([fwd.edges["arg"], np.array([acc[k][1] for k in keys], dtype=np.int16)]),
     }
     return OpGraph(cols, edges, dict(fwd.meta, training=True))
+
+
+def with_attention(fwd: OpGraph, attention: str, *, sram_bytes: int = DEFAULT_SRAM_BYTES) -> OpGraph:
+    """The training graph of forward graph ``fwd`` with attention run as ``attention`` says: ``eager``
+    (as captured: the score matrix goes through HBM; exactly ``derive_backward(fwd)``) or ``sdpa`` (a
+    fused FlashAttention-style kernel, ``attention_fusion.fuse_attention``, for an SRAM of
+    ``sram_bytes``, by default an H100's)."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention is {attention!r}; allowed: {list(ATTENTION_MODES)}")
+    return derive_backward(fuse_attention(fwd, sram_bytes=sram_bytes) if attention == "sdpa" else fwd)

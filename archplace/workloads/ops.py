@@ -37,6 +37,9 @@ _KINDS = [
     OpKind("linear", "tensor", saves="input"),
     OpKind("matmul", "tensor", saves="input"),
     OpKind("conv", "tensor", saves="input"),
+    # fused attention (FlashAttention / SDPA, ``attention_fusion.py``): both attention GEMMs and the
+    # softmax between them in one kernel; it keeps Q, K, V, O and the softmax statistics
+    OpKind("attention", "tensor", saves="input"),
     # vector cores
     OpKind("embedding", "vector", saves="input", flops_per_element=0.0),
     OpKind("layernorm", "vector", saves="input", bwd_flops_factor=2.0, flops_per_element=8.0),

@@ -7,12 +7,15 @@ import numpy as np
 from ..graph import OpGraph
 from ..ops import OP_KINDS
 
-_KIND_NAMES = sorted(OP_KINDS)
+# GDP graphs are captured eager and never hold fused attention (``attention_fusion.py``); leaving that
+# kind out keeps the feature width, so seeded policies and their placements stay as they were
+_KIND_NAMES = sorted(k for k in OP_KINDS if k != "attention")
 
 
 def node_features(graph: OpGraph) -> tuple[np.ndarray, list[str]]:
     """Per-node features for the placement policy, ``[n, F]`` float32 and their names: a one-hot op
-    kind (over the sorted :data:`OP_KINDS`), ``log1p`` of output bytes, flops and weight bytes,
+    kind (over the sorted :data:`OP_KINDS` but ``attention``), ``log1p`` of output bytes, flops and
+    weight bytes,
     ``log1p`` of in- and out-degree, ``is_backward`` and the topological rank scaled to [0, 1]
     (Kahn's order, smallest row first, so deterministic). GDP's own list is "operation type, output
     shape, adjacent node ids" (spec §3.1, encoding unspecified); sizes stand in for shapes here, and the

@@ -1,0 +1,114 @@
+"""One training step (forward + backward) of a model on one GPU, from per-op times.
+
+One GPU runs a training step's kernels one after another on one stream (PyTorch eager, no CUDA graphs,
+no overlap of independent kernels), so the step time is the sum of the op times that
+``gpu_ops.gpu_op_times`` gives under the chosen op model. The per-layer rows sum the forward and
+backward ops of each layer (``meta["layers"]``), so they add up to the step.
+
+``SRAM_BYTES`` is the on-chip memory a fused attention kernel tiles for (the ``M`` of FlashAttention's
+Algorithm 1, ``workloads/attention_fusion.py``): the shared memory one thread block may use on an SM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..hardware.gpus import GPUSpec
+from ..workloads.graph import OpGraph
+from .gpu_ops import OpTimes, gpu_op_times
+
+# Shared memory per thread block (bytes), from the architecture whitepapers:
+# - Pascal GP100 (P100): 64 KB shared memory per SM, 48 KB per block ("NVIDIA Tesla P100" whitepaper, 2016);
+# - Volta GV100 (V100): 128 KB L1/shared per SM, up to 96 KB shared per block ("NVIDIA Tesla V100 GPU
+#   Architecture" whitepaper, 2017, §"Volta SM");
+# - Ampere GA100 (A100): 192 KB L1/shared per SM, up to 164 KB shared, 163 KB per block ("NVIDIA A100
+#   Tensor Core GPU Architecture" whitepaper, 2020, §"A100 SM Architecture");
+# - Hopper GH100 (H100, H200): 256 KB L1/shared per SM, up to 228 KB shared, 227 KB per block ("NVIDIA
+#   H100 Tensor Core GPU Architecture" whitepaper, 2022, §"H100 SM Architecture"; the H200 has the same SM).
+# FlashAttention itself needs Ampere or newer; on Volta and Pascal PyTorch's SDPA runs its memory-efficient
+# kernel, which tiles the same way (no N x N matrix in HBM), so the same IO count stands in for it.
+SRAM_BYTES: dict[str, int] = {
+    "p100-pcie": 48 * 1024,
+    "v100-sxm2": 96 * 1024,
+    "a100-40gb": 163 * 1024,
+    "a100-80gb": 163 * 1024,
+    "h100-sxm": 227 * 1024,
+    "h200": 227 * 1024,
+}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # bytes per element of the training precision
+
+
+def sram_bytes(gpu: GPUSpec) -> int:
+    """The SRAM size a fused attention kernel tiles for on ``gpu``; one line naming the presets that
+    have one otherwise."""
+    try:
+        return SRAM_BYTES[gpu.name]
+    except KeyError:
+        raise ValueError(f"gpu {gpu.name!r} has no SRAM size for fused attention; known: "
+                         f"{sorted(SRAM_BYTES)}") from None
+
+
+def bytes_per_element(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype is {dtype!r}; allowed: {list(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class GpuStep:
+    """One training step on one GPU. Times in seconds; ``layers`` in ``meta["layers"]`` order, then
+    ``(no layer)`` for the ops outside every layer (when there are any)."""
+
+    step_time_s: float
+    forward_s: float
+    backward_s: float
+    layers: list[dict[str, Any]]  # {name, time_s, forward_s, backward_s, ops}
+    by_core_s: dict[str, float]
+    by_kind_s: dict[str, float]
+    flops: float
+    moved_bytes: float
+    op_times: OpTimes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "achieved_flops_per_s": self.flops / self.step_time_s if self.step_time_s > 0 else None,
+                "flops": self.flops, "moved_bytes": self.moved_bytes, "by_core_s": self.by_core_s,
+                "by_kind_s": self.by_kind_s, "layers": self.layers}
+
+
+def _sums(keys: np.ndarray, t: np.ndarray) -> dict[str, float]:
+    uniq, inv = np.unique(keys.astype(str), return_inverse=True)
+    return {str(k): float(v) for k, v in zip(uniq, np.bincount(inv, weights=t, minlength=len(uniq)))}
+
+
+def training_step(graph: OpGraph, gpu: GPUSpec, *, dtype: str, op_model: str | None = None,
+                  profile: Any = None) -> GpuStep:
+    """The step of a training graph (forward and backward rows) on one GPU: each op timed by
+    ``gpu_op_times``, the step their sum."""
+    from ..workloads.ops import moved_bytes
+
+    if not graph.nodes["is_backward"].any():
+        raise ValueError("training_step needs a training graph (forward and backward ops); this one has "
+                         "no backward ops")
+    ot = gpu_op_times(graph, gpu, dtype=dtype, op_model=op_model, profile=profile)
+    t = np.asarray(ot.time_s, dtype=np.float64)
+    nd = graph.nodes
+    bwd = nd["is_backward"]
+    names = list(graph.meta.get("layers") or [])
+    layer = nd["layer"].astype(np.int64)
+    nl = len(names)
+    idx = np.where(layer >= 0, layer, nl)
+    per = np.bincount(idx, weights=t, minlength=nl + 1)
+    per_f = np.bincount(idx[~bwd], weights=t[~bwd], minlength=nl + 1)
+    per_b = np.bincount(idx[bwd], weights=t[bwd], minlength=nl + 1)
+    count = np.bincount(idx, minlength=nl + 1)
+    rows = [{"name": name, "time_s": float(per[i]), "forward_s": float(per_f[i]),
+             "backward_s": float(per_b[i]), "ops": int(count[i])}
+            for i, name in enumerate([*names, "(no layer)"]) if i < nl or count[i]]
+    return GpuStep(step_time_s=float(t.sum()), forward_s=float(t[~bwd].sum()), backward_s=float(t[bwd].sum()),
+                   layers=rows, by_core_s=_sums(nd["core"], t), by_kind_s=_sums(nd["kind"], t),
+                   flops=float(nd["flops"].sum()), moved_bytes=float(moved_bytes(nd).sum()), op_times=ot)
