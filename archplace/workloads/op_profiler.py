@@ -1,0 +1,744 @@
+"""Measure a model's training step per archplace graph node: ``archplace profile`` and
+``python -m archplace.workloads.op_profiler`` (an :class:`~archplace.workloads.op_profile.OpProfile`).
+
+**What runs.** The model is built with real (seeded) weights on the local device (``cpu``, or ``cuda``
+where there is one), in the dtype asked for, and captured with ``torch.export`` exactly as the graph
+builders capture it on the meta device (``extract.capture_ops``; the same fx node names come out). One
+training step is the exported program run op by op (forward), a cross-entropy loss over the largest
+output where the graph has a loss node (``models.append_loss``: transformers models with a head, every
+GDP preset), the other outputs seeded with ones, and autograd's backward. No optimizer: the archplace
+graph has none. Dropout follows the graph (off in the transformers presets, which are captured in eval
+mode; on in the GDP presets, captured in training mode).
+
+**The mapping** (measured time -> graph node), per step:
+
+- *forward*: each exported op runs inside a profiler range of its own, so its time is exact: CPU time of
+  the range on ``cpu``, the CUDA kernel time launched from it on ``cuda`` (the profiler's device
+  events, linked to the op by correlation id). The graph's forward node of that name gets it; a fused
+  node (``transforms.fuse_tensor_vector``: ``linear+gelu``) gets the time of its GEMM and of the ops it
+  absorbed. Graphs whose block stacks were captured in part and replicated (``capture_blocks`` below
+  the depth) are aligned row by row with a capture of every block (``stack_expand`` keeps the row
+  order of a full capture; kinds and layers are checked), so the replicated blocks get their own
+  measured times;
+- *backward*: autograd records the sequence number of the forward op that made each backward function,
+  and the profiler's ``autograd::engine::evaluate_function: XBackward0`` events carry it. Every
+  sequence number created while a forward op ran belongs to that op (the counter only grows, and
+  nothing else runs in between), so each backward function's time goes to the forward op that made it.
+  A node's backward rows (``backward.derive_backward``, ``fwd_id``) share it: the backward of a fused
+  node's absorbed ops goes to ``/grad_vec``; the rest is split over the rows in proportion to their
+  flops (bytes where they have none): PyTorch computes ``dgrad`` and ``wgrad`` inside one backward
+  function, so that split is the only modelled part;
+- *unmapped* (``unmapped_s``): the profiler's top-level time that has no node: gradient accumulation
+  into ``.grad`` (``AccumulateGrad``), ops on constants the capture folds away, views of parameters,
+  the loss of a graph without a loss node. ``coverage`` = mapped / (mapped + unmapped).
+
+Python between ops (the interpreter, the autograd engine's bookkeeping) is in no profiler range: it is
+the gap between ``profiled_step_s`` and ``measured_step_s`` (the model's own eager step timed without
+the profiler, median of ``steps`` after ``warmup``), and the profile reports both; nothing is rescaled.
+``details`` also holds the exported program's step timed without the profiler and the wall time of
+the profiled steps (the profiler's overhead). Per-node times are medians over the profiled steps.
+
+Imports: torch, transformers, numpy and ``archplace.workloads`` only (no Ray, no pyarrow), and no
+package metadata, so that ``PYTHONPATH=. python -m archplace.workloads.op_profiler`` runs from a
+checkout on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .graph import OpGraph
+from .op_profile import BYTES_PER_ELEMENT, DEVICES, DTYPES, OpProfile
+
+_PREFIX = "ap#"  # profiler range of exported op i: "ap#i"; the loss: "ap#loss"
+_EVAL = "autograd::engine::evaluate_function: "
+LOSS_NAME = "loss/cross_entropy"  # models.append_loss's node
+
+
+@dataclass
+class _Workload:
+    """What one profile needs: the graph whose names the profile keys on, a forward graph of the same
+    model with every block captured (row-aligned with the graph's forward rows), the real model and
+    its inputs."""
+    name: str
+    graph: OpGraph
+    reference: OpGraph | None  # None: the graph's forward rows are themselves a capture of every block
+    module: Any
+    args: tuple
+    kwargs: dict
+    has_loss: bool
+    seq: int | None
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+def _materialize(tree, device: str, float_dtype, high: int):
+    """Meta-device example inputs -> real ones: token ids uniform in [0, high), floats standard normal
+    (seeded by the caller)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    def real(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.dtype.is_floating_point:
+            return torch.randn(tuple(t.shape), device=device).to(float_dtype)
+        if t.dtype == torch.bool:
+            return torch.ones(tuple(t.shape), dtype=torch.bool, device=device)
+        return torch.randint(0, max(int(high), 1), tuple(t.shape), dtype=t.dtype, device=device)
+    return pytree.tree_map(real, tree)
+
+
+def _check(field: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{field} is {value!r}; allowed: {allowed}")
+
+
+def _workload(model: str, *, device: str, dtype: str, mbs: int, seq: int | None,
+              capture_blocks: int | None) -> _Workload:
+    import torch
+
+    from .gdp_models import GDP_PRESETS
+
+    fdt = _torch_dtype(dtype)
+    if model in GDP_PRESETS:
+        from .gdp_models import build_module, example_inputs, gdp_graph, gdp_preset
+
+        if dtype != "fp32":
+            raise ValueError(f"dtype is {dtype!r}; GDP preset {model!r} is an fp32 graph: allowed: ['fp32']")
+        if capture_blocks is not None:
+            raise ValueError(f"capture_blocks applies to transformers models; GDP preset {model!r} is "
+                             "captured whole")
+        p = gdp_preset(model)
+        g = gdp_graph(model, batch=mbs)
+        gseq = g.meta.get("seq")
+        if seq is not None and seq != gseq:
+            raise ValueError(f"seq is {seq}; GDP preset {model!r} has its sequence fixed by the preset: "
+                             f"allowed: {gseq}")
+        module = build_module(p, device=device)
+        args = _materialize(example_inputs(p, mbs), device, fdt, getattr(p.sizes, "vocab_tokens", 2))
+        return _Workload(model, g, None, module, tuple(args), {}, True, gseq)
+    import transformers
+
+    from .models import CAPTURE_BLOCKS, build_graph, preset
+
+    p = preset(model)
+    seq = p.seq_len if seq is None else seq
+    cb = CAPTURE_BLOCKS if capture_blocks is None else capture_blocks
+    bpe = BYTES_PER_ELEMENT[dtype]
+    g = build_graph(model, seq=seq, mbs=mbs, bytes_per_element=bpe, capture_blocks=cb)
+    full = max([*p.depths.values(), 3])
+    ref = build_graph(model, seq=seq, mbs=mbs, bytes_per_element=bpe, training=False,
+                      capture_blocks=cb if cb >= full else full)
+    cfg = p.make_config()
+    with torch.device(device):
+        module = getattr(transformers, p.model_class)(cfg)
+    module = module.to(device=device, dtype=fdt).eval()  # eval: as captured (dropout off)
+    args, kwargs = p.example_inputs(seq, mbs)
+    high = getattr(cfg, "vocab_size", None) or getattr(getattr(cfg, "text_config", None), "vocab_size", 2)
+    args, kwargs = _materialize((args, kwargs), device, fdt, high)
+    return _Workload(model, g, ref, module, tuple(args), dict(kwargs), bool(p.has_loss), seq)
+
+
+# ---------------------------------------------------------------------- the exported program
+class _Program:
+    """The exported program of the real model, run op by op (with or without profiler ranges)."""
+
+    def __init__(self, w: _Workload):
+        import torch
+        from torch.utils import _pytree as pytree
+
+        from .extract import _inline_wrapped_regions, _module_path
+
+        ep = torch.export.export(w.module, w.args, kwargs=w.kwargs, strict=False)
+        _inline_wrapped_regions(ep)
+        self.ep = ep
+        params = dict(w.module.named_parameters(remove_duplicate=False))
+        buffers = dict(w.module.named_buffers(remove_duplicate=False))
+        leaves = [x for x in pytree.tree_leaves((w.args, w.kwargs))]
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        specs = ep.graph_signature.input_specs
+        n_user = sum(s.kind.name == "USER_INPUT" for s in specs)
+        user = iter(tensors if n_user == len(tensors) else leaves)
+        if n_user not in (len(tensors), len(leaves)):
+            raise ValueError(f"model {w.name!r}: the exported program takes {n_user} inputs, the example "
+                             f"has {len(tensors)} tensors")
+        self.fixed: dict[Any, Any] = {}
+        for node, spec in zip([n for n in ep.graph.nodes if n.op == "placeholder"], specs):
+            kind = spec.kind.name
+            if kind == "PARAMETER":
+                self.fixed[node] = params[spec.target]
+            elif kind == "BUFFER":
+                self.fixed[node] = buffers[spec.target] if spec.target in buffers else ep.state_dict[spec.target]
+            elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+                self.fixed[node] = ep.constants[spec.target]
+            elif kind == "USER_INPUT":
+                self.fixed[node] = next(user)
+            else:
+                raise ValueError(f"model {w.name!r}: exported input of kind {kind} is not supported")
+        self.calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+        self.output = next(n for n in ep.graph.nodes if n.op == "output")
+        self.names = [f"{_module_path(n) or 'model'}/{n.name}" for n in self.calls]
+        self.params = [p for p in params.values()]
+        try:
+            from torch._C._profiler import _RecordFunctionFast as ranges
+        except ImportError:  # older torch
+            from torch.autograd.profiler import record_function as ranges
+        self._range = ranges
+        self.labels = [f"{_PREFIX}{i}" for i in range(len(self.calls))]
+
+    def forward(self, mode: str | None) -> tuple[list, np.ndarray, np.ndarray]:
+        """Run the program. ``mode``: None (plain), "profiler" (each op in a profiler range) or "timer"
+        (each op's thread CPU time). Returns the output leaves, per op the highest autograd sequence
+        number it created (-1: none; not tracked when plain) and per op its seconds (timer)."""
+        import torch
+        from torch.fx.node import map_arg
+
+        env = dict(self.fixed)
+        get = env.__getitem__
+        n = len(self.calls)
+        top = np.full(n, -1, dtype=np.int64)
+        secs = np.zeros(n)
+        clock = time.thread_time
+        last = -1
+        for i, node in enumerate(self.calls):
+            a = map_arg(node.args, get)
+            kw = map_arg(node.kwargs, get)
+            if mode is None:
+                env[node] = node.target(*a, **kw)
+                continue
+            if mode == "profiler":
+                with self._range(self.labels[i]):
+                    out = node.target(*a, **kw)
+            else:
+                c = clock()
+                out = node.target(*a, **kw)
+                secs[i] = clock() - c
+            env[node] = out
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                fn = t.grad_fn if isinstance(t, torch.Tensor) else None
+                if fn is not None:
+                    s = fn._sequence_nr()
+                    if s > last:
+                        top[i] = max(top[i], s)
+            if top[i] > last:
+                last = int(top[i])
+        from torch.utils import _pytree as pytree
+
+        return pytree.tree_leaves(map_arg(self.output.args[0], get)), top, secs
+
+
+def _time_backward(roots: list, base: int) -> tuple[dict[int, float], list]:
+    """Hooks on every autograd function made after sequence number ``base`` and on the gradient
+    accumulators (key -1) that add its thread CPU time, keyed by sequence number, to the returned dict
+    as backward runs; and the hook handles (remove them after the backward: accumulators outlive it)."""
+    clock = time.thread_time
+    acc: dict[int, float] = {}
+    handles: list = []
+    seen: set = set()
+    todo = [r.grad_fn for r in roots if r.grad_fn is not None]
+    while todo:
+        fn = todo.pop()
+        if fn is None:
+            continue
+        grad_acc = type(fn).__name__ == "AccumulateGrad"
+        ident = ("acc", id(fn.variable)) if grad_acc else fn._sequence_nr()
+        if ident in seen or (not grad_acc and ident <= base):
+            continue  # seen, or made before this step
+        seen.add(ident)
+        key = -1 if grad_acc else ident
+        start = [0.0]
+
+        def pre(_grads, start=start):
+            start[0] = clock()
+
+        def post(_gi, _go, start=start, key=key):
+            acc[key] = acc.get(key, 0.0) + clock() - start[0]
+        handles += [fn.register_prehook(pre), fn.register_hook(post)]
+        todo.extend(f for f, _ in fn.next_functions)
+    return acc, handles
+
+
+def _loss_and_seeds(outs: list, has_loss: bool, labels):
+    """The step's backward roots: first the cross-entropy of the largest floating output (when the graph
+    has a loss node), then every other differentiable output, seeded with ones."""
+    import torch
+    import torch.nn.functional as F
+
+    outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    big = max(range(len(outs)), key=lambda i: outs[i].numel()) if outs and has_loss else -1
+    roots, grads = [], []
+    if big >= 0:
+        o = outs[big]
+        roots.append(F.cross_entropy(o.reshape(-1, o.shape[-1]).float(), labels))
+        grads.append(None)
+    for i, o in enumerate(outs):
+        if i != big:
+            roots.append(o)
+            grads.append(torch.ones_like(o))
+    return roots, grads
+
+
+# ---------------------------------------------------------------------- mapping
+def _members(prog: _Program, names: list[str], kinds, model: str) -> list[list[int]]:
+    """Per forward row of an every-block capture, the exported ops it stands for (a fused node: its
+    GEMM, then the views and the vector op it absorbed); [] for model inputs and the loss node (timed
+    apart). Raises when a row names no exported op."""
+    from .extract import _ATEN_KIND, _target_name
+
+    index = {n: i for i, n in enumerate(prog.names)}
+    pos = {node: i for i, node in enumerate(prog.calls)}
+    plain = {n.partition("+")[0] for n in names}
+    out: list[list[int]] = []
+    for r, name in enumerate(names):
+        if kinds[r] == "input" or name == LOSS_NAME:
+            out.append([])
+            continue
+        base, _, fused_kind = name.partition("+")
+        i = index.get(base)
+        if i is None:
+            raise ValueError(f"profiling {model!r}: graph node {name!r} has no op in the "
+                             f"program exported from the real model ({len(prog.names)} ops)")
+        ids = [i]
+        if fused_kind:
+            v = prog.calls[i]
+            while len(v.users) == 1:
+                v = next(iter(v.users))
+                if v.op != "call_function" or prog.names[pos[v]] in plain:
+                    break
+                ids.append(pos[v])
+                if _ATEN_KIND.get(_target_name(v)) == fused_kind:
+                    break
+            if _ATEN_KIND.get(_target_name(prog.calls[ids[-1]])) != fused_kind:
+                raise ValueError(f"profiling: fused node {name!r}: its {fused_kind} op was not found after "
+                                 "its GEMM in the exported program")
+        out.append(ids)
+    return out
+
+
+def _align(graph: OpGraph, ref: OpGraph) -> None:
+    """The graph's forward rows and the every-block reference must be the same rows in the same order
+    (``stack_expand`` orders copies as a full capture does)."""
+    nf = int((~graph.nodes["is_backward"]).sum())
+    same = ref.num_nodes == nf and bool(np.all(ref.nodes["kind"] == graph.nodes["kind"][:nf])) and \
+        list(ref.meta.get("layers", [])) == list(graph.meta.get("layers", []))
+    if not same:
+        raise ValueError(f"profiling {graph.meta.get('model')!r}: the graph's {nf} forward rows do not line up "
+                         f"with a capture of every block ({ref.num_nodes} rows); profile with "
+                         "capture_blocks = the model's depth")
+
+
+def _row_weights(nd: dict, rows: np.ndarray) -> np.ndarray:
+    f = nd["flops"][rows].astype(float)
+    if f.sum() > 0:
+        return f / f.sum()
+    b = (nd["input_bytes"][rows] + nd["output_bytes"][rows]).astype(float)
+    return b / b.sum() if b.sum() > 0 else np.full(len(rows), 1.0 / len(rows))
+
+
+class _Mapper:
+    """Turns one profiled step's events into seconds per graph row plus unmapped seconds."""
+
+    def __init__(self, w: _Workload, prog: _Program):
+        g = w.graph
+        nd = g.nodes
+        self.n = g.num_nodes
+        nf = int((~nd["is_backward"]).sum())
+        if w.reference is not None:
+            _align(g, w.reference)
+            ref_names, ref_kinds = [str(x) for x in w.reference.nodes["name"]], w.reference.nodes["kind"]
+        else:
+            ref_names, ref_kinds = [str(x) for x in nd["name"][:nf]], nd["kind"][:nf]
+        self.members = _members(prog, ref_names, ref_kinds, w.name)
+        self.op_names = prog.names
+        self.fwd_row_of_op = np.full(len(prog.calls), -1, dtype=np.int64)
+        for r, ids in enumerate(self.members):
+            self.fwd_row_of_op[ids] = r
+        names = [str(x) for x in nd["name"]]
+        self.loss_row = names.index(LOSS_NAME) if LOSS_NAME in names[:nf] else -1
+        row_of_id = {int(i): r for r, i in enumerate(nd["id"])}
+        bwd = {r: [] for r in range(nf)}
+        for r in np.flatnonzero(nd["is_backward"]):
+            f = row_of_id.get(int(nd["fwd_id"][r]), -1)
+            if f >= 0:
+                bwd[f].append(int(r))
+        # per forward row: (rows that take the backward of its first op, rows that take the rest)
+        self.split: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        for r, rows in bwd.items():
+            if not rows:
+                continue
+            vec = [x for x in rows if names[x].endswith("/grad_vec")]
+            rest = np.array([x for x in rows if x not in vec], dtype=np.int64)
+            vec_a = np.array(vec, dtype=np.int64)
+            if len(vec) and len(self.members[r]) > 1 and len(rest):
+                self.split[r] = (rest, _row_weights(nd, rest), vec_a, np.ones(len(vec)) / len(vec))
+            else:
+                all_rows = np.array(rows, dtype=np.int64)
+                self.split[r] = (all_rows, _row_weights(nd, all_rows), np.zeros(0, np.int64), np.zeros(0))
+
+    def from_events(self, events, top_seq: np.ndarray, base: int, loss_seq: tuple[int, int],
+                    cuda: bool) -> tuple[np.ndarray, float, dict]:
+        """One step measured with ``torch.profiler``: the top-level events (each op's range, each
+        backward function, anything else) with their CPU time, or on CUDA the kernel time launched from
+        them. Returns what :meth:`assemble` returns."""
+        from torch.autograd import DeviceType
+
+        fwd_op = np.zeros(len(self.fwd_row_of_op))
+        loss_f = 0.0
+        bwd: list[tuple[int, float, str]] = []
+        other: dict[str, float] = {}
+        for e in events:
+            if e.cpu_parent is not None or e.device_type != DeviceType.CPU:
+                continue
+            sec = float(e.device_time_total if cuda else e.cpu_time_total) * 1e-6
+            name = e.name
+            if name == _PREFIX + "loss":
+                loss_f += sec
+            elif name.startswith(_PREFIX):
+                fwd_op[int(name[len(_PREFIX):])] += sec
+            elif name.startswith(_EVAL) and e.sequence_nr >= 0:
+                bwd.append((int(e.sequence_nr), sec, name[len(_EVAL):]))
+            else:
+                key = name[len(_EVAL):] if name.startswith(_EVAL) else name
+                other[key] = other.get(key, 0.0) + sec
+        return self.assemble(fwd_op, loss_f, bwd, other, top_seq, base, loss_seq)
+
+    def from_timer(self, fwd_op: np.ndarray, loss_f: float, bwd_acc: dict[int, float], top_seq: np.ndarray,
+                   base: int, loss_seq: tuple[int, int]) -> tuple[np.ndarray, float, dict]:
+        """One step measured by thread CPU time per op and per backward function (key -1: the
+        gradient accumulators)."""
+        other = {"AccumulateGrad": bwd_acc[-1]} if -1 in bwd_acc else {}
+        bwd = [(k, v, "") for k, v in bwd_acc.items() if k >= 0]
+        return self.assemble(fwd_op, loss_f, bwd, other, top_seq, base, loss_seq)
+
+    def assemble(self, fwd_op: np.ndarray, loss_f: float, bwd: list[tuple[int, float, str]],
+                 other: dict[str, float], top_seq: np.ndarray, base: int,
+                 loss_seq: tuple[int, int]) -> tuple[np.ndarray, float, dict]:
+        """(seconds per graph row, unmapped seconds, counts). ``fwd_op``: seconds per exported op;
+        ``bwd``: (sequence number, seconds, name) per backward function; ``other``: seconds of the rest
+        by name; ``top_seq[i]``: the last sequence number op i made (-1: none), so op i made
+        (previous top, top[i]]; ``base``: the counter before the forward; ``loss_seq``: (lo, hi] the
+        loss made."""
+        t = np.zeros(self.n)
+        bwd_op = np.zeros(len(fwd_op))
+        loss_b = 0.0
+        made = np.flatnonzero(top_seq >= 0)
+        tops = top_seq[made]
+        counts: dict[str, Any] = {"backward_functions": len(bwd), "backward_unmapped": 0}
+        other = dict(other)
+        for s, sec, name in bwd:
+            if loss_seq[0] < s <= loss_seq[1]:
+                loss_b += sec
+                continue
+            k = int(np.searchsorted(tops, s))  # the first op whose top >= s
+            if k < len(tops) and s > (tops[k - 1] if k else base):
+                bwd_op[made[k]] += sec
+            else:
+                counts["backward_unmapped"] += 1
+                key = f"backward {name or s} (made by no exported op)"
+                other[key] = other.get(key, 0.0) + sec
+        for i in np.flatnonzero((self.fwd_row_of_op < 0) & ((fwd_op > 0) | (bwd_op > 0))):
+            other[f"op {self.op_names[i]} (no graph node)"] = float(fwd_op[i] + bwd_op[i])
+        for r, ids in enumerate(self.members):
+            if not ids:
+                continue
+            t[r] += fwd_op[ids].sum()
+            sp = self.split.get(r)
+            if sp is None:
+                if bwd_op[ids].sum() > 0:
+                    other[f"backward of {self.op_names[ids[0]]} (its node has no backward row)"] = \
+                        float(bwd_op[ids].sum())
+                continue
+            rows, wts, vrows, vwts = sp
+            if len(vrows):
+                t[rows] += bwd_op[ids[0]] * wts
+                t[vrows] += bwd_op[ids[1:]].sum() * vwts
+            else:
+                t[rows] += bwd_op[ids].sum() * wts
+        if self.loss_row >= 0:
+            t[self.loss_row] += loss_f
+            sp = self.split.get(self.loss_row)
+            if sp is not None:
+                t[sp[0]] += loss_b * sp[1]
+            else:
+                t[self.loss_row] += loss_b
+        else:
+            other["loss/seeds (the graph has no loss node)"] = loss_f + loss_b
+        unmapped = float(sum(other.values()))
+        counts["unmapped_top_s"] = dict(sorted(other.items(), key=lambda kv: -kv[1])[:8])
+        return t, unmapped, counts
+
+
+# ---------------------------------------------------------------------- the profile
+def _software(device: str) -> tuple[str, dict]:
+    import torch
+    import transformers
+
+    sw = {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
+          "python": platform.python_version()}
+    if device == "cuda":
+        sw["cuda"] = torch.version.cuda
+        sw["cudnn"] = torch.backends.cudnn.version()
+        sw["driver"] = _driver_version()
+        return torch.cuda.get_device_name(), sw
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return name, sw
+
+
+def _driver_version() -> str:
+    import subprocess
+
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+METHODS = ("timer", "profiler")
+
+
+def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: int = 1,
+                  seq: int | None = None, capture_blocks: int | None = None, method: str | None = None,
+                  steps: int = 5, warmup: int = 2, threads: int | None = 1, seed: int = 0,
+                  log: Callable[[str], None] | None = None) -> OpProfile:
+    """Profile one training step of ``model`` (a transformers preset, an ``hf:PATH`` config reference
+    or a GDP preset) per node of its graph (module docstring). After ``warmup`` rounds, ``steps``
+    rounds each time the eager model's step and the exported program's step without instruments, and
+    one instrumented step (``method``: "timer" = thread CPU time per op, CPU only and its default;
+    "profiler" = torch.profiler, the only one on CUDA). ``threads``: torch's intra-op threads on the
+    CPU (None: leave torch's setting)."""
+    import torch
+
+    _check("device", device, device in DEVICES, str(list(DEVICES)))
+    _check("dtype", dtype, dtype in DTYPES, str(list(DTYPES)))
+    cuda = device == "cuda"
+    method = method or ("profiler" if cuda else "timer")
+    _check("method", method, method in (("profiler",) if cuda else METHODS),
+           "['profiler'] on cuda" if cuda else str(list(METHODS)))
+    for f, v, low in (("mbs", mbs, 1), ("steps", steps, 1), ("warmup", warmup, 0), ("seed", seed, 0)):
+        _check(f, v, isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an integer >= {low}")
+    if seq is not None:
+        _check("seq", seq, isinstance(seq, int) and not isinstance(seq, bool) and seq >= 1, "a positive integer")
+    if threads is not None:
+        _check("threads", threads, isinstance(threads, int) and threads >= 1, "a positive integer or None")
+    if cuda and not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but torch sees no CUDA device here; allowed: ['cpu']")
+    say = log or (lambda s: None)
+    if threads is not None and not cuda:
+        torch.set_num_threads(threads)
+    if dtype == "fp32" and cuda:  # fp32 means fp32: no TF32 tensor cores (the GDP measurements' setting)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    w = _workload(model, device=device, dtype=dtype, mbs=mbs, seq=seq, capture_blocks=capture_blocks)
+    say(f"graph {w.graph.num_nodes} nodes, model built ({time.perf_counter() - t0:.1f} s)")
+    prog = _Program(w)
+    mapper = _Mapper(w, prog)
+    say(f"exported {len(prog.calls)} ops ({time.perf_counter() - t0:.1f} s)")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    probe = [o for o in _leaves(w.module(*w.args, **w.kwargs)) if isinstance(o, torch.Tensor)]
+    logits = max(probe, key=lambda o: o.numel()) if probe else None
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    labels = None if logits is None else torch.randint(
+        0, int(logits.shape[-1]), (logits.numel() // int(logits.shape[-1]),), generator=gen).to(device)
+    params = prog.params
+    probe_leaf = torch.zeros((), requires_grad=True)
+
+    def clear() -> None:
+        for p in params:
+            p.grad = None
+
+    def timed(fn) -> tuple[float, float]:
+        """(wall, this thread's CPU time) of ``fn()``, the device synchronised around it."""
+        clear()
+        sync()
+        s, c = time.perf_counter(), time.thread_time()
+        fn()
+        sync()
+        return time.perf_counter() - s, time.thread_time() - c
+
+    def eager_step() -> None:
+        roots, grads = _loss_and_seeds(_leaves(w.module(*w.args, **w.kwargs)), w.has_loss, labels)
+        torch.autograd.backward(roots, grads)
+
+    def program_step() -> None:
+        roots, grads = _loss_and_seeds(prog.forward(None)[0], w.has_loss, labels)
+        torch.autograd.backward(roots, grads)
+
+    def instrumented_step():
+        clear()
+        base = int((probe_leaf * 1.0).grad_fn._sequence_nr())  # the counter before this forward
+        if method == "timer":
+            s, c = time.perf_counter(), time.thread_time()
+            outs, top, fwd = prog.forward("timer")
+            lc = time.thread_time()
+            roots, grads = _loss_and_seeds(outs, w.has_loss, labels)
+            loss_f = time.thread_time() - lc
+            acc, handles = _time_backward(roots, base)
+            torch.autograd.backward(roots, grads)
+            wall, cpu = time.perf_counter() - s, time.thread_time() - c
+            for h in handles:
+                h.remove()
+            hi = roots[0].grad_fn._sequence_nr() if w.has_loss and roots else -1
+            res = mapper.from_timer(fwd, loss_f, acc, top, base, (int(top.max(initial=base)), hi))
+            return res, wall, cpu
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        sync()
+        with profile(activities=acts) as prof:
+            s, c = time.perf_counter(), time.thread_time()
+            outs, top, _ = prog.forward("profiler")
+            with prog._range(_PREFIX + "loss"):
+                roots, grads = _loss_and_seeds(outs, w.has_loss, labels)
+            torch.autograd.backward(roots, grads)
+            sync()
+            wall, cpu = time.perf_counter() - s, time.thread_time() - c
+        hi = roots[0].grad_fn._sequence_nr() if w.has_loss and roots else -1
+        return mapper.from_events(prof.events(), top, base, (int(top.max(initial=base)), hi), cuda), wall, cpu
+
+    for _ in range(warmup):
+        timed(eager_step)
+        timed(program_step)
+        instrumented_step()
+    # the step's measure: wall time on CUDA (synchronised); on the CPU this thread's CPU time, which is
+    # the wall time of a one-thread step on an idle core and leaves out the time other processes take
+    # the core (wall times are in `details`)
+    pick = 0 if cuda else 1
+    eager, program, inst, rows, unm, infos = [], [], [], [], [], []
+    for k in range(steps):
+        e = timed(eager_step)
+        q = timed(program_step)
+        (t, u, info), wall, cpu = instrumented_step()
+        eager.append(e)
+        program.append(q)
+        inst.append((wall, cpu))
+        rows.append(t)
+        unm.append(u)
+        infos.append(info)
+        say(f"step {k + 1}/{steps}: eager {e[pick] * 1e3:.1f} ms, exported {q[pick] * 1e3:.1f} ms, "
+            f"{method} ops {(t.sum() + u) * 1e3:.1f} ms (wall: {e[0] * 1e3:.1f}, {q[0] * 1e3:.1f}, "
+            f"{wall * 1e3:.1f} ms)")
+    time_s = np.median(np.stack(rows), axis=0)
+    unmapped = float(np.median(unm))
+    mapped = float(time_s.sum())
+    measured = float(statistics.median(x[pick] for x in eager))
+
+    def med(xs, i):
+        return float(statistics.median(x[i] for x in xs))
+    device_name, sw = _software(device)
+    details = {"method": method, "step_measure": "wall" if cuda else "thread cpu time",
+               "steps": steps, "warmup": warmup, "threads": torch.get_num_threads() if not cuda else None,
+               "seed": seed, "capture_blocks": capture_blocks,
+               "eager_step_s": [x[pick] for x in eager], "measured_wall_s": med(eager, 0),
+               "measured_cpu_s": med(eager, 1), "exported_step_s": med(program, pick),
+               "instrumented_step_s": med(inst, pick), "instrumented_wall_s": med(inst, 0),
+               "profiled_over_measured": (mapped + unmapped) / measured if measured > 0 else None,
+               "graph_nodes": w.graph.num_nodes, "exported_ops": len(prog.calls),
+               "nodes_without_time": int((time_s == 0).sum()), **infos[-1]}
+    return OpProfile(model=w.name, device=device, device_name=device_name, dtype=dtype, mbs=mbs, seq=w.seq,
+                     names=tuple(str(n) for n in w.graph.nodes["name"]), time_s=time_s,
+                     measured_step_s=measured, profiled_step_s=mapped + unmapped, unmapped_s=unmapped,
+                     coverage=mapped / (mapped + unmapped) if mapped + unmapped > 0 else 0.0,
+                     software=sw, details=details)
+
+
+def _leaves(out) -> list:
+    from torch.utils import _pytree as pytree
+
+    if hasattr(out, "to_tuple"):  # a transformers ModelOutput
+        out = out.to_tuple()
+    return pytree.tree_leaves(out)
+
+
+# ---------------------------------------------------------------------- command line
+def summary(p: OpProfile, top: int = 10) -> dict[str, Any]:
+    """The ``--json`` answer of ``archplace profile`` (the profile itself is in the file)."""
+    return {"model": p.model, "device": p.device, "device_name": p.device_name, "dtype": p.dtype,
+            "mbs": p.mbs, "seq": p.seq, "nodes": len(p.names), "measured_step_s": p.measured_step_s,
+            "profiled_step_s": p.profiled_step_s, "unmapped_s": p.unmapped_s, "coverage": p.coverage,
+            "profiled_over_measured": p.profiled_step_s / p.measured_step_s if p.measured_step_s else None,
+            "exported_step_s": p.details.get("exported_step_s"),
+            "profiler_wall_s": p.details.get("profiler_wall_s"), "top_ops": p.top(top),
+            "software": p.software}
+
+
+def print_summary(d: dict[str, Any], out: str | None = None) -> None:
+    print(f"{d['model']} on {d['device']} ({d['device_name']}), {d['dtype']}, mbs {d['mbs']}, seq {d['seq']}: "
+          f"{d['nodes']} nodes")
+    print(f"  measured step {d['measured_step_s'] * 1e3:.2f} ms (eager, no profiler); profiled "
+          f"{d['profiled_step_s'] * 1e3:.2f} ms = {d['profiled_over_measured']:.3f}x; unmapped "
+          f"{d['unmapped_s'] * 1e3:.2f} ms; coverage {d['coverage']:.1%}")
+    print("  top ops:")
+    for t in d["top_ops"]:
+        print(f"    {t['time_s'] * 1e3:9.3f} ms  {t['share']:6.1%}  {t['name']}")
+    if out:
+        print(f"  profile written to {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m archplace.workloads.op_profiler",
+                                 description="Profile a model's training step per archplace graph node.")
+    ap.add_argument("model", nargs="?", help="transformers preset or GDP preset (or --hf-config)")
+    ap.add_argument("--hf-config", help="a transformers config.json")
+    ap.add_argument("--device", default="cpu", choices=DEVICES)
+    ap.add_argument("--dtype", default="fp32", choices=DTYPES)
+    ap.add_argument("--mbs", type=int, default=1)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--capture-blocks", type=int)
+    ap.add_argument("--method", choices=METHODS, help="timer (CPU default) or profiler (CUDA: the only one)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        if (a.model is None) == (a.hf_config is None):
+            raise ValueError("give MODEL or --hf-config FILE (one of them)")
+        model = a.model
+        if a.hf_config:
+            from .hf_config import hf_ref
+
+            model = hf_ref(a.hf_config)
+        prof = profile_model(model, device=a.device, dtype=a.dtype, mbs=a.mbs, seq=a.seq,
+                             capture_blocks=a.capture_blocks, method=a.method, steps=a.steps, warmup=a.warmup,
+                             threads=a.threads or None, seed=a.seed,
+                             log=None if a.json else (lambda s: print(s, file=sys.stderr)))
+        path = prof.save(a.out)
+    except ValueError as e:
+        print(f"op_profiler: error: {e}", file=sys.stderr)
+        return 2
+    d = dict(summary(prof), out=str(path))
+    if a.json:
+        print(json.dumps(d, indent=1))
+    else:
+        print_summary(d, str(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
