@@ -1,7 +1,10 @@
 """Every operator of a model's training step on one of the GPUs of one machine (``archplace place-ops``,
 GDP): fast placers (METIS, Baechi's m-TOPO / m-ETF / m-SCT, human-expert-like, random), the exact
 CP-SAT placement for small graphs, and the GDP policy (PPO, on Ray). Every placement is scored by the
-event-driven simulator (``simulators/gpu_placement.py``); an invalid one says why."""
+event-driven simulator (``simulators/gpu_placement.py``); an invalid one says why. ``machine`` is one of
+the GDP-era machines or any GPU preset of ``hardware/gpus.py`` (N of them on NVLink); ``op_model`` /
+``dtype`` / ``profile`` choose how each op is timed (``simulators/gpu_ops.py``; default: the GPU's default
+op model in fp32, which for the P100 / V100 machines is the roofline they always had)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from ._common import (
 
 PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact", "gdp",
                    "gdp-pretrained")
-MACHINES = ("p100-pcie", "v100-nvlink")
+MACHINES = ("a100-40gb", "a100-80gb", "h100-sxm", "h200", "p100-pcie", "v100-nvlink", "v100-sxm2")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,15 @@ class PlaceOpsRequest(Request):
     budget: float = 30.0            # exact: the CP-SAT time limit; gdp*: PPO's wall time (seconds)
     pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp_pretrain.py (.npz)
     zero_shot: bool = False         # gdp-pretrained: the pre-trained policy's placement, no updates
+    op_model: str | None = None     # roofline | calibrated | profiled (None: the machine GPU's default)
+    dtype: str | None = None        # bf16 | fp16 | tf32 | fp32 (None: fp32, GDP's TensorFlow graphs)
+    profile: str | None = None      # an op profile JSON (archplace profile); implies op_model profiled
+
+    @property
+    def custom_ops(self) -> bool:
+        """Whether the op times or the machine are new (the JSON then says which op model ran)."""
+        return self.machine not in ("p100-pcie", "v100-nvlink") or \
+            any(x is not None for x in (self.op_model, self.dtype, self.profile))
 
     @property
     def needs_ray(self) -> bool:
@@ -56,6 +68,9 @@ class PlaceOpsRequest(Request):
         check_int("devices", self.devices, 1, 64, optional=True)
         check_choice("algo", self.algo, PLACE_OPS_ALGOS)
         check_choice("machine", self.machine, MACHINES)
+        from .pipelining import check_gpu_fields
+
+        check_gpu_fields(None, self.op_model, self.dtype, self.profile)
         check_int("batch", self.batch, optional=True)
         check_int("seed", self.seed, low=0)
         if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or \
@@ -100,6 +115,7 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
     ``done``."""
     from ..algorithms.search import gdp_baselines
     from ..hardware.gpu_machines import gpu_machine
+    from ..simulators.gpu_ops import gpu_op_times, load_profile
     from ..simulators.gpu_placement import PlacementProblem, simulate
     from ..workloads.gdp_models import GDP_PRESETS, gdp_graph
 
@@ -110,9 +126,17 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
     t0 = time.perf_counter()
     devices = req.devices or GDP_PRESETS[req.model].devices
     g = gdp_graph(req.model, batch=req.batch)
-    problem = PlacementProblem.from_graph(g, gpu_machine(req.machine, devices))
-    steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
+    machine = gpu_machine(req.machine, devices, req.dtype)
     details: dict[str, Any] = {}
+    if req.custom_ops:
+        times = gpu_op_times(g, machine.spec, dtype=machine.dtype, op_model=req.op_model,
+                             profile=load_profile(req.profile) if req.profile else None,
+                             launch_s=machine.kernel_launch_s, zero_inputs=True)
+        problem = PlacementProblem.from_graph(g, machine, profiled_compute_s=times.time_s)
+        details["op_model"] = times.to_dict()
+    else:
+        problem = PlacementProblem.from_graph(g, machine)
+    steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
     t_place = time.perf_counter()
     if req.algo == "exact":
         from ..algorithms.solvers.gdp_exact import exact_placement

@@ -1,10 +1,13 @@
 """Pipeline cuts of a model on V100 servers (``archplace pipeline``, Auto-MAP): the exact optimum over
 every contiguous cut set by dynamic programming (the default), or, over the pruned candidate pivots, the
 Rainbow-style DQN or the pre-trained agent (both on Ray) or exact enumeration, each scored against the
-pruned optimum."""
+pruned optimum. ``gpu`` puts the same number of 8-GPU servers of another GPU preset on its NVLink and
+InfiniBand; ``op_model`` / ``dtype`` / ``profile`` choose how each op is timed (``simulators/gpu_ops.py``).
+Without them the answer is Auto-MAP's V100 roofline, as it always was."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -28,6 +31,7 @@ from ._common import (
 
 PIPELINE_ALGOS = ("dp", "rainbow", "pretrained", "exact")
 CLUSTERS = ("A", "B", "C")      # 2, 3 or 4 servers of 8 V100
+OP_MODELS = ("roofline", "calibrated", "profiled")  # simulators/gpu_ops.OP_MODELS (this module stays light)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class PipelineRequest(Request):
     pretrained: str | None = None   # pretrained: weights .npz (None: the package's)
     env_runners: int = 0            # rainbow: remote EnvRunner actors that sample (0: in this process)
     learners: int = 0               # rainbow: remote Learner actors (0: in this process)
+    gpu: str | None = None          # a GPU preset (hardware/gpus.py); None: Auto-MAP's V100 cluster
+    op_model: str | None = None     # roofline | calibrated | profiled (None: the GPU's default)
+    dtype: str | None = None        # bf16 | fp16 | tf32 | fp32 of the GEMMs (None: fp16, Auto-MAP's)
+    profile: str | None = None      # an op profile JSON (archplace profile); implies op_model profiled
 
     @property
     def needs_ray(self) -> bool:
@@ -55,6 +63,11 @@ class PipelineRequest(Request):
         from ..hardware.presets import v100_cluster
 
         return self.stages if self.stages is not None else v100_cluster(self.cluster).num_servers
+
+    @property
+    def custom_ops(self) -> bool:
+        """Whether a GPU or op-model flag was given (else the V100 roofline of Auto-MAP, unchanged)."""
+        return any(x is not None for x in (self.gpu, self.op_model, self.dtype, self.profile))
 
     def weights(self) -> str:
         """The pre-trained agent's weights file."""
@@ -79,12 +92,61 @@ class PipelineRequest(Request):
         check_optional_str("pretrained", self.pretrained)
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
+        from ..hardware.gpus import GPUS
+
+        # a pipeline server is 8 GPUs on NVLink: the P100 PCIe has none
+        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
+                         gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
         if self.algo != "rainbow" and (self.env_runners or self.learners):
             raise InvalidRequest("{env_runners} and {learners} apply to {algo} rainbow, not " + self.algo,
                                  "env_runners", "learners", "algo")
         if self.algo == "pretrained" and not os.path.exists(self.weights()):
             raise invalid("pretrained", f"{self.weights()} does not exist "
                                         "(bench/pipeline.py --pretrain-steps N writes it)")
+
+
+def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None) -> None:
+    """The GPU preset, op model, dtype and profile fields shared by ``pipeline`` and ``place-ops``."""
+    from ..hardware.gpus import DTYPES, GPUS
+    if gpu is not None:
+        check_choice(gpu_field, gpu, tuple(gpus or sorted(GPUS)))
+    if op_model is not None:
+        check_choice("op_model", op_model, OP_MODELS)
+    if dtype is not None:
+        check_choice("dtype", dtype, DTYPES)
+    check_optional_str("profile", profile)
+    if profile is not None and op_model not in (None, "profiled"):
+        raise InvalidRequest("{profile} implies {op_model} profiled, got " + repr(op_model), "profile",
+                             "op_model")
+    if op_model == "profiled" and profile is None:
+        raise InvalidRequest("{op_model} profiled needs {profile} FILE", "op_model", "profile")
+    if profile is not None and not os.path.exists(profile):
+        raise invalid("profile", f"{profile} does not exist")
+
+
+def pipeline_model(req: PipelineRequest):
+    """(cluster, pipeline profile, op times) for a request with GPU / op-model fields."""
+    from ..algorithms.rl.pipeline_plan import training_setup
+    from ..hardware.gpus import gpu_spec
+    from ..hardware.presets import GPU, V100, gpu_servers, v100_cluster
+    from ..simulators.gpu_ops import gpu_op_times, load_profile
+    from ..simulators.pipeline import PipelineSetup, profile_from_graph
+    from ..workloads.models import build_graph
+
+    dtype = req.dtype or "fp16"
+    base = v100_cluster(req.cluster)
+    if req.gpu is None:  # Auto-MAP's V100 cluster (25 Gbps between servers), another op model
+        spec = V100.spec
+        cl = dataclasses.replace(base, device=GPU.from_spec(spec, dtype, V100.name))
+    else:
+        spec = gpu_spec(req.gpu)
+        cl = gpu_servers(req.gpu, base.num_servers, dtype)
+    g = build_graph(req.model, mbs=PipelineSetup().micro_batch)
+    fwd = ~g.nodes["is_backward"]
+    params = float(g.nodes["weight_bytes"][fwd].sum()) / int(g.meta.get("bytes_per_element", 2))
+    times = gpu_op_times(g, spec, dtype=dtype, op_model=req.op_model,
+                         profile=load_profile(req.profile) if req.profile else None)
+    return cl, profile_from_graph(g, cl.device, training_setup(req.model, params), times.time_s), times
 
 
 @dataclass
@@ -107,6 +169,7 @@ class PipelineResult(Result):
     feasible: bool = False
     gap: float | None = None        # relative excess of length_s over the optimum
     wall_s: float = 0.0
+    op_model: dict[str, Any] | None = None  # OpTimes.to_dict() when a GPU / op-model field was given
 
     @property
     def cuts(self) -> list[int] | None:
@@ -122,6 +185,8 @@ class PipelineResult(Result):
         head = {k: d.pop(k) for k in ("model", "cluster", "gpus", "stages", "algo", "forward_ops",
                                       "optimizer", "recompute", "optimum")}
         plan, details = d.pop("plan"), d.pop("details")
+        if d.get("op_model") is None:
+            d.pop("op_model", None)
         return {**head, **plan, **details, **d}
 
 
@@ -136,10 +201,13 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
     if req.needs_ray:
         require_ray(f"pipeline algo {req.algo!r}")
     steps = Steps("pipeline", progress, cancel)
-    cl = cluster_of(req.cluster)
     k = req.num_stages
     t0 = time.perf_counter()
-    prof = model_profile(req.model)
+    times = None
+    if req.custom_ops:
+        cl, prof, times = pipeline_model(req)
+    else:
+        cl, prof = cluster_of(req.cluster), model_profile(req.model)
     steps.stage("profile", forward_ops=prof.num_ops)
     if req.algo == "dp":
         from ..algorithms.solvers.pipeline_dp import solve_dp
@@ -181,6 +249,6 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
         optimum={**best, "evaluated": opt.evaluated, "wall_s": opt.wall_s, **space},
         plan=plan, details=details, optimal_length_s=best["length_s"],
         feasible=not plan["oom"], gap=gap(plan["length_s"], opt.length_s) if not opt.oom else None,
-        wall_s=time.perf_counter() - t0)
+        wall_s=time.perf_counter() - t0, op_model=times.to_dict() if times is not None else None)
     steps.done(length_s=res.length_s, gap=res.gap)
     return res

@@ -8,14 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.api.operator_placement import MACHINES
 from archplace.cli.common import connect_if_needed, fmt_bytes
+from archplace.cli.pipelining import add_op_model_args
 
 
 def cmd_place_ops(args) -> dict[str, Any]:
     """Every operator of a model's training step on one GPU of a multi-GPU machine (GDP)."""
     req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.machine,
                               batch=args.batch, seed=args.seed, budget=args.budget,
-                              pretrained=args.pretrained, zero_shot=args.zero_shot)
+                              pretrained=args.pretrained, zero_shot=args.zero_shot, op_model=args.op_model,
+                              dtype=args.dtype, profile=args.profile)
     connect_if_needed(req, args.address)
     return api.place_ops(req).to_dict()
 
@@ -35,6 +38,9 @@ def print_place_ops(res: dict[str, Any]) -> None:
         print(f"  GDP          {res['mode']}: {res['samples']} placements in {res['ppo_iterations']} PPO "
               f"iterations; the result is the {res['result_is']}; the greedy policy's placement: "
               f"{g * 1e3:.2f} ms{'' if res['greedy_policy_valid'] else ' (invalid)'}")
+    if res.get("op_model"):
+        om = res["op_model"]
+        print(f"  op model     {om['op_model']}, {om['dtype']}: {om['note']}")
     mem = ", ".join(fmt_bytes(b) for b in res["peak_memory_bytes"])
     print(f"  peak memory  {mem} (of {fmt_bytes(res['memory_bytes'])} each)")
     busy = ", ".join(f"{b * 1e3:.1f}" for b in res["compute_busy_s"])
@@ -49,7 +55,9 @@ def add_place_ops_parser(sub) -> None:
     po.add_argument("--devices", type=int, default=None,
                     help="GPUs (default: the preset's, as in GDP's Table 1)")
     po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf")
-    po.add_argument("--machine", choices=("p100-pcie", "v100-nvlink"), default="p100-pcie")
+    po.add_argument("--machine", choices=MACHINES, default="p100-pcie",
+                    help="p100-pcie, v100-nvlink (GDP's era), or a GPU preset: N of it on NVLink")
+    add_op_model_args(po, "fp32 (GDP's TensorFlow graphs)")
     po.add_argument("--batch", type=int, default=None)
     po.add_argument("--budget", type=float, default=30.0,
                     help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds")

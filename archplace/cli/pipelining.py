@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.api.pipelining import OP_MODELS
 from archplace.cli.common import connect_if_needed
+from archplace.hardware.gpus import DTYPES, GPUS
 
 
 def cmd_pipeline(args) -> dict[str, Any]:
@@ -17,7 +19,8 @@ def cmd_pipeline(args) -> dict[str, Any]:
     req = api.PipelineRequest(args.model, cluster=args.cluster, stages=args.stages, algo=args.algo,
                               budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
                               pretrained=args.pretrained, env_runners=args.env_runners,
-                              learners=args.learners)
+                              learners=args.learners, gpu=args.gpu, op_model=args.op_model, dtype=args.dtype,
+                              profile=args.profile)
     connect_if_needed(req, args.address)
     return api.pipeline(req).to_dict()
 
@@ -25,8 +28,12 @@ def cmd_pipeline(args) -> dict[str, Any]:
 def print_pipeline(res: dict[str, Any]) -> None:
     o = res["optimum"]
     dp = res["algo"] == "dp"
-    print(f"{res['model']} on V100 cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
+    om = res.get("op_model")
+    gpu = om["gpu"] if om else "V100"
+    print(f"{res['model']} on {gpu} cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
           f"[{res['algo']}, {res['wall_s']:.1f} s]")
+    if om:
+        print(f"  op model     {om['op_model']}, {om['dtype']}: {om['note']}")
     if o["oom"] and dp:
         print(f"  infeasible: no contiguous cut set fits in memory (the smallest peak is "
               f"{max(o['memory_gib']):.1f} GiB per GPU, at cuts {o['cuts']}; DP {o['wall_s']:.2f} s)")
@@ -71,4 +78,19 @@ def add_pipeline_parser(sub) -> None:
                     help="rainbow: remote env runner actors that sample (default 0: in this process)")
     pp.add_argument("--learners", type=int, default=0,
                     help="rainbow: remote learner actors (default 0: in this process)")
+    add_op_model_args(pp, "fp16 (Auto-MAP's mixed precision)")
+    pp.add_argument("--gpu", default=None, choices=sorted(GPUS),
+                    help="servers of 8 of this GPU on its NVLink, its InfiniBand between servers (as many "
+                         "servers as --cluster has; default: Auto-MAP's V100 servers on 25 Gbps)")
     pp.add_argument("--json", action="store_true")
+
+
+def add_op_model_args(p, dtype_default: str) -> None:
+    """--op-model, --dtype, --profile: how each op of the graph is timed (simulators/gpu_ops.py)."""
+    p.add_argument("--op-model", choices=OP_MODELS, default=None,
+                   help="op times: roofline (datasheet peaks), calibrated (H200 micro-benchmarks; other GPUs "
+                        "scaled by peak ratios), profiled (--profile); default: calibrated where the GPU "
+                        "was measured, else roofline")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help=f"GEMM dtype (default {dtype_default})")
+    p.add_argument("--profile", default=None,
+                   help="an op profile JSON from `archplace profile` (implies --op-model profiled)")

@@ -16,11 +16,21 @@ machines of that era:
 fp32 throughout: the paper's TensorFlow graphs of 2019 trained in fp32, and the P100 has no tensor cores.
 The kernel launch overhead (5 us) is what makes placing many tiny ops apart cost something even when
 links are free. The simulator is ``simulators/gpu_placement.py``.
+
+Every GPU preset of ``hardware/gpus.py`` (``a100-40gb``, ``h100-sxm``, ``h200``, ...) is a machine too:
+N GPUs of that kind in an NVSwitch server (the DGX layout), a link per directed pair at the GPU's full
+NVLink rate per direction (the switch lets any one pair use all of it; the simulator's per-pair links
+do not make a GPU's concurrent transfers to several peers share its NVLink, so fan-out is optimistic),
+5 us per transfer, the GPU's full memory, fp32 unless a dtype is given. The two GDP-era machines
+keep their own link numbers; their GPUs come from the same presets (``gpu`` names it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from .gpus import GPUS, V100_SXM2, GPUSpec, gpu_spec
+from .gpus import P100_PCIE as P100_PCIE_SPEC
 
 INTERCONNECTS = ("pcie", "nvlink")
 
@@ -38,6 +48,8 @@ class GPUMachine:
     link_latency_s: float  # fixed cost of one transfer
     interconnect: str  # "pcie": per-GPU send/receive ports; "nvlink": a link per directed pair
     kernel_launch_s: float = 5e-6  # fixed cost of one op
+    gpu: str = ""  # the GPU preset (hardware/gpus.py) the numbers come from
+    dtype: str = "fp32"  # the dtype ``peak_flops_per_s`` is taken at
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
@@ -54,16 +66,39 @@ class GPUMachine:
     def with_devices(self, num_devices: int) -> GPUMachine:
         return replace(self, num_devices=num_devices)
 
+    @property
+    def spec(self) -> GPUSpec:
+        return gpu_spec(self.gpu)
+
+    @classmethod
+    def from_spec(cls, spec: GPUSpec, num_devices: int = 8, dtype: str = "fp32") -> GPUMachine:
+        """N GPUs of ``spec`` on NVLink (on PCIe ports if it has none)."""
+        if not spec.nvlink_bytes_per_s > 0:
+            return cls(spec.name, num_devices, spec.peak(dtype), spec.hbm_bytes_per_s, spec.memory_bytes,
+                       spec.pcie_bytes_per_s, 10e-6, "pcie", spec.launch_s, spec.name, dtype)
+        return cls(spec.name, num_devices, spec.peak(dtype), spec.hbm_bytes_per_s, spec.memory_bytes,
+                   spec.nvlink_bytes_per_s, 5e-6, "nvlink", spec.launch_s, spec.name, dtype)
+
 
 GIB = 1024**3
-P100_PCIE = GPUMachine("p100-pcie", 8, 9.3e12, 732e9, 16 * GIB, 12e9, 10e-6, "pcie")
-V100_NVLINK = GPUMachine("v100-nvlink", 8, 15.7e12, 900e9, 16 * GIB, 25e9, 5e-6, "nvlink")
+P100_PCIE = GPUMachine("p100-pcie", 8, P100_PCIE_SPEC.peak("fp32"), P100_PCIE_SPEC.hbm_bytes_per_s,
+                       P100_PCIE_SPEC.memory_bytes, 12e9, 10e-6, "pcie", gpu="p100-pcie")
+# the V100 SXM2 16 GB of the DGX-1 (the preset's numbers but 16 GiB of memory)
+V100_NVLINK = GPUMachine("v100-nvlink", 8, V100_SXM2.peak("fp32"), V100_SXM2.hbm_bytes_per_s, 16 * GIB, 25e9,
+                         5e-6, "nvlink", gpu="v100-sxm2")
 GPU_MACHINES = {m.name: m for m in (P100_PCIE, V100_NVLINK)}
+MACHINE_NAMES = sorted(set(GPU_MACHINES) | set(GPUS))
 
 
-def gpu_machine(name: str, num_devices: int | None = None) -> GPUMachine:
-    """Preset ``name`` (``p100-pcie`` | ``v100-nvlink``), optionally with ``num_devices`` GPUs."""
-    if name not in GPU_MACHINES:
-        raise ValueError(f"machine is {name!r}; allowed: {sorted(GPU_MACHINES)}")
-    m = GPU_MACHINES[name]
+def gpu_machine(name: str, num_devices: int | None = None, dtype: str | None = None) -> GPUMachine:
+    """Preset ``name`` (``p100-pcie`` | ``v100-nvlink`` | a GPU preset of hardware/gpus.py), optionally
+    with ``num_devices`` GPUs (8 by default) and the peak of ``dtype`` (fp32 by default)."""
+    if name not in MACHINE_NAMES:
+        raise ValueError(f"machine is {name!r}; allowed: {MACHINE_NAMES}")
+    if name in GPU_MACHINES:
+        m = GPU_MACHINES[name]
+        if dtype is not None and dtype != m.dtype:
+            m = replace(m, peak_flops_per_s=m.spec.peak(dtype), dtype=dtype)
+    else:
+        m = GPUMachine.from_spec(GPUS[name], 8, dtype or "fp32")
     return m if num_devices is None else m.with_devices(num_devices)

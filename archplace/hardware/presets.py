@@ -4,6 +4,8 @@
   32 GB HBM2 at 1.2 TB/s and 1.05 GHz as the real TPUv4 (Jouppi et al., ISCA 2023, Table 1).
 - ``v100-server`` A/B/C: 2, 3, 4 servers of 8 V100 on NVLink, 25 Gbps between servers (Auto-MAP
   Table 2, spec automap.md §11).
+- ``gpu_servers(gpu, n)``: n servers of 8 of any GPU preset of ``hardware/gpus.py`` on its NVLink, its
+  InfiniBand NIC between servers (``pipeline --gpu``).
 - ``mcm-36``: 36 chiplets on a uni-directional ring, "tens of MBs SRAM" per chip and links of "tens of
   GB/s" (MCM paper §2, spec mcm.md; no exact numbers are published, ours are below).
 - ``flat``: K identical accelerators on one flat network (Phaze: K = 1024 at 4 GiB/s).
@@ -11,29 +13,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .accelerator import Accelerator
 from .constants import PHAZE_LINK_BW_BYTES_PER_S
+from .gpus import GPUS, V100_SXM2, GPUSpec, gpu_spec
 
 
 @dataclass(frozen=True)
 class GPU:
-    """A GPU described by its roofline (used for the Auto-MAP clusters)."""
+    """A GPU described by its roofline (used for the Auto-MAP clusters), built from a
+    :class:`~archplace.hardware.gpus.GPUSpec` at one training dtype (``spec`` keeps the rest)."""
 
     name: str
-    peak_tensor_flops: float  # dense fp16 tensor-core FLOP/s
+    peak_tensor_flops: float  # dense tensor-core FLOP/s at ``dtype``
     peak_vector_flops: float  # fp32 CUDA-core FLOP/s
     hbm_bw: float  # bytes/s
-    hbm_gb: float
+    hbm_gb: float  # GiB
+    spec: GPUSpec | None = field(default=None, compare=False)
+    dtype: str = "fp16"
+
+    @classmethod
+    def from_spec(cls, spec: GPUSpec, dtype: str = "fp16", name: str | None = None) -> GPU:
+        return cls(name or spec.name, spec.peak(dtype), spec.vector_flops_per_s, spec.hbm_bytes_per_s,
+                   spec.memory_bytes / 2**30, spec, dtype)
 
 
 # NVIDIA Tesla V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor, 15.7 TFLOP/s fp32, 900 GB/s HBM2
-# (NVIDIA V100 datasheet, 2018).
-V100 = GPU("V100-SXM2-32GB", 125e12, 15.7e12, 900e9, 32.0)
+# (NVIDIA V100 datasheet, 2018; the preset ``v100-sxm2`` of hardware/gpus.py).
+V100 = GPU.from_spec(V100_SXM2, "fp16", name="V100-SXM2-32GB")
 # NVLink 2 on V100 SXM2: six links of 25 GB/s per direction = 150 GB/s per direction per GPU
 # (NVIDIA V100 architecture whitepaper, 2017).
-NVLINK2_BW_BYTES_PER_S = 150e9
+NVLINK2_BW_BYTES_PER_S = V100_SXM2.nvlink_bytes_per_s  # 150e9
 # Auto-MAP's inter-server network: 25 Gbps = 3.125 GB/s.
 INTER_SERVER_25GBPS_BYTES_PER_S = 25e9 / 8
 
@@ -116,6 +127,19 @@ def v100_servers(num_servers: int, name: str | None = None) -> Cluster:
         raise ValueError(f"num_servers must be a positive integer, got {num_servers!r}")
     return Cluster(name or f"v100-{num_servers}x8", 8 * num_servers, V100, NVLINK2_BW_BYTES_PER_S, "servers",
                    8, INTER_SERVER_25GBPS_BYTES_PER_S)
+
+
+def gpu_servers(gpu: str, num_servers: int, dtype: str = "fp16") -> Cluster:
+    """``num_servers`` servers of 8 ``gpu`` (a preset of hardware/gpus.py) on NVLink inside a server and
+    the GPU's InfiniBand NIC (one per GPU) between servers, the DGX layout of that GPU's generation."""
+    spec = gpu_spec(gpu)
+    if not isinstance(num_servers, int) or num_servers < 1:
+        raise ValueError(f"num_servers must be a positive integer, got {num_servers!r}")
+    if not spec.nvlink_bytes_per_s > 0:
+        raise ValueError(f"gpu {gpu!r} has no NVLink; a pipeline server needs one (allowed: "
+                         f"{sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)})")
+    return Cluster(f"{gpu}-{num_servers}x8", 8 * num_servers, GPU.from_spec(spec, dtype),
+                   spec.nvlink_bytes_per_s, "servers", 8, spec.ib_bytes_per_s)
 
 
 def mcm_package(num_chips: int = 36) -> Cluster:

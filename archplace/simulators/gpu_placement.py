@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hardware.gpu_machines import GPUMachine
-from ..workloads.ops import moved_bytes
 from . import gpu_placement_kernel as _k
+from .gpu_ops import roofline_time_s
 
 ADAM_STATE_FACTOR = 4  # weights + gradients + Adam's two moments, each the size of the weights
 
@@ -105,19 +105,18 @@ class PlacementProblem:
     @classmethod
     def from_graph(cls, graph, machine: GPUMachine, *, state_factor: int = ADAM_STATE_FACTOR,
                    profiled_compute_s: np.ndarray | None = None) -> PlacementProblem:
-        """Roofline compute times on ``machine`` (or ``profiled_compute_s``), resident bytes =
-        ``state_factor`` x the forward ops' weights, co-location from ``extra_nodes["coloc_group"]``."""
+        """Roofline compute times on ``machine`` (or ``profiled_compute_s``, e.g. the times of another op
+        model of ``simulators/gpu_ops.py``), resident bytes = ``state_factor`` x the forward ops' weights,
+        co-location from ``extra_nodes["coloc_group"]``."""
         nd = graph.nodes
         n = graph.num_nodes
         if profiled_compute_s is not None:
             comp = np.asarray(profiled_compute_s, np.float64)
             if comp.shape != (n,):
                 raise ValueError(f"profiled_compute_s has shape {comp.shape}, expected ({n},)")
-        else:
-            moved = moved_bytes(nd)
-            comp = np.maximum(nd["flops"] / machine.peak_flops_per_s, moved / machine.hbm_bytes_per_s)
-            shape_only = (nd["flops"] == 0) & (nd["kind"] == "input")
-            comp = np.where(shape_only, 0.0, comp + machine.kernel_launch_s)
+        else:  # one rate for all flops (fp32 on CUDA cores), the launch, free inputs
+            comp = roofline_time_s(nd, machine.peak_flops_per_s, machine.peak_flops_per_s,
+                                   machine.hbm_bytes_per_s, machine.kernel_launch_s, zero_inputs=True)
         resident = np.where(nd["is_backward"], 0, nd["weight_bytes"]).astype(np.float64) * state_factor
         src, dst = graph.edge_pos
         coloc = graph.extra_nodes.get("coloc_group")

@@ -26,7 +26,8 @@ spans. Memory per device of stage s (1F1B keeps min(M, K − s) micro-batches in
 with P_s the stage's parameters, S_s its saved activations per micro-batch, X_s its layer-input
 checkpoints and S_max the largest layer's saved activations (rebuilt one layer at a time). Compute
 per op is a V100 roofline: max(GEMM flops / tensor peak + vector flops / vector peak,
-bytes / HBM bandwidth), forward + backward (+ forward again when recomputing).
+bytes / HBM bandwidth), forward + backward (+ forward again when recomputing), or the times of another op
+model of ``simulators/gpu_ops.py`` (calibrated, profiled) on any GPU preset.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..hardware.presets import GPU, Cluster
 from ..workloads.graph import OpGraph
-from ..workloads.ops import moved_bytes
+from .gpu_ops import roofline_time_s
 
 # Optimizer-state bytes per parameter under fp16 mixed precision: fp16 weights (2) + fp16 gradients
 # (2) + fp32 master weights (4), plus Adam's two fp32 moments (8) or Adafactor's factored second
@@ -93,15 +94,14 @@ class PipelineProfile:
 
 def gpu_op_time_s(nodes: dict[str, np.ndarray], gpu: GPU) -> np.ndarray:
     """Roofline time of each op: tensor-core GEMM flops, CUDA-core vector flops, HBM bytes."""
-    flops = nodes["flops"].astype(float)
-    vec = nodes["vector_flops"].astype(float)
-    compute = (flops - vec) / gpu.peak_tensor_flops + vec / gpu.peak_vector_flops
-    traffic = moved_bytes(nodes)
-    return np.maximum(compute, traffic / gpu.hbm_bw)
+    return roofline_time_s(nodes, gpu.peak_tensor_flops, gpu.peak_vector_flops, gpu.hbm_bw)
 
 
-def profile_from_graph(g: OpGraph, gpu: GPU, setup: PipelineSetup | None = None) -> PipelineProfile:
-    """Training graph (forward + backward, built at ``setup.micro_batch``) → pipeline profile."""
+def profile_from_graph(g: OpGraph, gpu: GPU, setup: PipelineSetup | None = None,
+                       op_times: np.ndarray | None = None) -> PipelineProfile:
+    """Training graph (forward + backward, built at ``setup.micro_batch``) → pipeline profile.
+    ``op_times``: seconds per graph row from another op model (``simulators/gpu_ops.py``); default the
+    roofline of ``gpu``."""
     setup = setup or PipelineSetup()
     nd = g.nodes
     fwd = ~nd["is_backward"]
@@ -112,7 +112,12 @@ def profile_from_graph(g: OpGraph, gpu: GPU, setup: PipelineSetup | None = None)
         raise ValueError("forward ops must come first in the graph (build it with derive_backward)")
     if int(g.meta.get("mbs", setup.micro_batch)) != setup.micro_batch:
         raise ValueError(f"graph built at micro-batch {g.meta.get('mbs')}, setup says {setup.micro_batch}")
-    t = gpu_op_time_s(nd, gpu)
+    if op_times is None:
+        t = gpu_op_time_s(nd, gpu)
+    else:
+        t = np.asarray(op_times, float)
+        if t.shape != (g.num_nodes,):
+            raise ValueError(f"op_times has shape {t.shape}, expected ({g.num_nodes},)")
     per_op = t[:n].copy() * (2.0 if setup.recompute else 1.0)
     row_of_id = {int(i): r for r, i in enumerate(nd["id"][:n])}
     bwd_rows = np.flatnonzero(~fwd)
