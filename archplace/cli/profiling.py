@@ -45,8 +45,6 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--dtype", choices=api.PROFILE_DTYPES, default="fp32")
     p.add_argument("--mbs", type=int, default=1, help="micro-batch (a GDP preset's batch)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
-    p.add_argument("--capture-blocks", type=int, default=None,
-                   help="leading blocks captured per stack (default 3; the rest are replicated)")
     p.add_argument("--method", choices=api.PROFILE_METHODS, default=None,
                    help="timer: thread CPU time per op (CPU default); profiler: torch.profiler (CUDA)")
     p.add_argument("--steps", type=int, default=5, help="measured steps after the warm-up")

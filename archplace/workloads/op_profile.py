@@ -137,20 +137,20 @@ class OpProfile:
         """Seconds per row of ``graph`` (forward and backward rows), by node name. The graph must be
         of the profiled model at the profiled micro-batch and sequence (``graph.meta`` ``mbs`` and
         ``seq`` where it has them); a graph with nodes the profile lacks is a one-line ValueError."""
-        meta = graph.meta
-        for key, mine in (("mbs", self.mbs), ("seq", self.seq)):
-            theirs = meta.get(key)
-            if theirs is not None and mine is not None and int(theirs) != int(mine):
-                raise ValueError(f"profile of {self.model} was measured at {key} {mine}, the graph is "
-                                 f"built at {key} {theirs}: profile the graph's {key}")
         index = {n: i for i, n in enumerate(self.names)}
         names = graph.nodes["name"]
+        meta = graph.meta
         rows = np.fromiter((index.get(str(n), -1) for n in names), dtype=np.int64, count=len(names))
         lack = np.flatnonzero(rows < 0)
         if len(lack):
             raise ValueError(f"profile of {self.model} (mbs {self.mbs}, seq {self.seq}) lacks {len(lack)} of "
                              f"the graph's {len(names)} nodes, e.g. {str(names[lack[0]])!r} (graph of "
                              f"{meta.get('model', '?')!r}): profile the same model with `archplace profile`")
+        for key, mine in (("mbs", self.mbs), ("seq", self.seq)):
+            theirs = meta.get(key)
+            if theirs is not None and mine is not None and int(theirs) != int(mine):
+                raise ValueError(f"profile of {self.model} was measured at {key} {mine}, the graph is "
+                                 f"built at {key} {theirs}: profile the graph's {key}")
         return self.time_s[rows]
 
     def top(self, k: int = 10) -> list[dict[str, Any]]:

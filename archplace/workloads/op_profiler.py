@@ -10,33 +10,47 @@ GDP preset), the other outputs seeded with ones, and autograd's backward. No opt
 graph has none. Dropout follows the graph (off in the transformers presets, which are captured in eval
 mode; on in the GDP presets, captured in training mode).
 
-**The mapping** (measured time -> graph node), per step:
+**How it is timed** (``method``):
 
-- *forward*: each exported op runs inside a profiler range of its own, so its time is exact: CPU time of
-  the range on ``cpu``, the CUDA kernel time launched from it on ``cuda`` (the profiler's device
-  events, linked to the op by correlation id). The graph's forward node of that name gets it; a fused
-  node (``transforms.fuse_tensor_vector``: ``linear+gelu``) gets the time of its GEMM and of the ops it
+- ``timer`` (the CPU's default): this thread's CPU time (``time.thread_time``) around each exported op
+  and, through autograd pre- and post-hooks, around each backward function; the step is measured the
+  same way. On a machine shared with other processes, wall times swing by 2-5x with their load while
+  thread CPU time does not count the time they take the core (it is the wall time of a one-thread
+  step on an idle core): that is why the CPU uses it, with ``torch.set_num_threads(1)`` by default;
+- ``profiler`` (CUDA's only method, and available on the CPU): ``torch.profiler``, each exported op in
+  a profiler range of its own; an op's time is the CPU time of its range on ``cpu``, the CUDA kernel
+  time launched from it on ``cuda`` (the profiler's device events, linked to their op by correlation
+  id); backward functions are the ``autograd::engine::evaluate_function: XBackward0`` events. The step
+  is then measured in wall time (``torch.cuda.synchronize`` around it on CUDA).
+
+**The mapping** (measured time -> graph node, ``op_mapping.py``), per step:
+
+- *forward*: the graph's forward node of an exported op's name gets that op's time; a fused node
+  (``transforms.fuse_tensor_vector``: ``linear+gelu``) gets the time of its GEMM and of the ops it
   absorbed. Graphs whose block stacks were captured in part and replicated (``capture_blocks`` below
   the depth) are aligned row by row with a capture of every block (``stack_expand`` keeps the row
   order of a full capture; kinds and layers are checked), so the replicated blocks get their own
   measured times;
-- *backward*: autograd records the sequence number of the forward op that made each backward function,
-  and the profiler's ``autograd::engine::evaluate_function: XBackward0`` events carry it. Every
-  sequence number created while a forward op ran belongs to that op (the counter only grows, and
-  nothing else runs in between), so each backward function's time goes to the forward op that made it.
-  A node's backward rows (``backward.derive_backward``, ``fwd_id``) share it: the backward of a fused
-  node's absorbed ops goes to ``/grad_vec``; the rest is split over the rows in proportion to their
-  flops (bytes where they have none): PyTorch computes ``dgrad`` and ``wgrad`` inside one backward
-  function, so that split is the only modelled part;
-- *unmapped* (``unmapped_s``): the profiler's top-level time that has no node: gradient accumulation
-  into ``.grad`` (``AccumulateGrad``), ops on constants the capture folds away, views of parameters,
-  the loss of a graph without a loss node. ``coverage`` = mapped / (mapped + unmapped).
+- *backward*: autograd gives each backward function the sequence number of the forward op that made
+  it (the profiler's events carry it too). Every sequence number created while a forward op ran
+  belongs to that op (the counter only grows, and nothing else runs in between), so each backward
+  function's time goes to the forward op that made it. A node's backward rows
+  (``backward.derive_backward``, ``fwd_id``) share it: the backward of a fused node's absorbed ops goes
+  to ``/grad_vec``; the rest is split over the rows in proportion to their flops (bytes where they
+  have none). PyTorch computes ``dgrad`` and ``wgrad`` inside one backward function, so that split is
+  the only modelled part of the mapping;
+- *unmapped* (``unmapped_s``): timed work that has no node: gradient accumulation into ``.grad``
+  (``AccumulateGrad``), ops on constants the capture folds away (position ids, masks), views of
+  parameters, the output seeds and loss of a graph without a loss node; ``details["unmapped_top_s"]``
+  lists the largest. ``coverage`` = mapped / (mapped + unmapped).
 
-Python between ops (the interpreter, the autograd engine's bookkeeping) is in no profiler range: it is
-the gap between ``profiled_step_s`` and ``measured_step_s`` (the model's own eager step timed without
-the profiler, median of ``steps`` after ``warmup``), and the profile reports both; nothing is rescaled.
-``details`` also holds the exported program's step timed without the profiler and the wall time of
-the profiled steps (the profiler's overhead). Per-node times are medians over the profiled steps.
+Python between ops (the interpreter, the autograd engine's bookkeeping) is in no timed region: it is
+the gap between ``profiled_step_s`` and ``measured_step_s`` (the model's own eager step, run without
+instruments, median of ``steps`` after ``warmup``), and the profile reports both; nothing is rescaled.
+Tiny models are dominated by that gap (a 64-wide Llama: the ops are 85-95% of its CPU step); at the
+tested sizes the ops are the step within 10%. ``details`` also holds the exported program's step
+without instruments, the instrumented step and the wall times. Node times are medians over the
+instrumented steps.
 
 Imports: torch, transformers, numpy and ``archplace.workloads`` only (no Ray, no pyarrow), and no
 package metadata, so that ``PYTHONPATH=. python -m archplace.workloads.op_profiler`` runs from a
@@ -118,7 +132,9 @@ def _workload(model: str, *, device: str, dtype: str, mbs: int, seq: int | None,
 
         if dtype != "fp32":
             raise ValueError(f"dtype is {dtype!r}; GDP preset {model!r} is an fp32 graph: allowed: ['fp32']")
-        if capture_blocks is not None:
+        from .models import CAPTURE_BLOCKS
+
+        if capture_blocks not in (None, CAPTURE_BLOCKS):
             raise ValueError(f"capture_blocks applies to transformers models; GDP preset {model!r} is "
                              "captured whole")
         p = gdp_preset(model)
@@ -432,10 +448,9 @@ def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: 
         timed(eager_step)
         timed(program_step)
         instrumented_step()
-    # the step's measure: wall time on CUDA (synchronised); on the CPU this thread's CPU time, which is
-    # the wall time of a one-thread step on an idle core and leaves out the time other processes take
-    # the core (wall times are in `details`)
-    pick = 0 if cuda else 1
+    # the step's measure: the method's (module docstring): wall time with the profiler (synchronised
+    # on CUDA), thread CPU time with the timer; both are in `details`
+    pick = 0 if method == "profiler" else 1
     eager, program, inst, rows, unm, infos = [], [], [], [], [], []
     for k in range(steps):
         e = timed(eager_step)
@@ -458,7 +473,7 @@ def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: 
     def med(xs, i):
         return float(statistics.median(x[i] for x in xs))
     device_name, sw = _software(device)
-    details = {"method": method, "step_measure": "wall" if cuda else "thread cpu time",
+    details = {"method": method, "step_measure": "wall" if pick == 0 else "thread cpu time",
                "steps": steps, "warmup": warmup, "threads": torch.get_num_threads() if not cuda else None,
                "seed": seed, "capture_blocks": capture_blocks,
                "eager_step_s": [x[pick] for x in eager], "measured_wall_s": med(eager, 0),
