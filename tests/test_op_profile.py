@@ -25,7 +25,7 @@ from archplace.workloads.op_profiler import profile_model
 DATA = Path(__file__).parent / "data"
 TINY = hf_ref(DATA / "tiny_llama_config.json")      # Llama, hidden 64, 4 layers, 32 positions
 SMALL = hf_ref(DATA / "small_gpt2_config.json")     # GPT-2, hidden 384, 4 layers, 128 positions
-FAST = dict(steps=5, warmup=1)
+FAST = dict(steps=7, warmup=1)
 
 
 @pytest.fixture(scope="module")

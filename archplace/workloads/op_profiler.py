@@ -49,8 +49,8 @@ the gap between ``profiled_step_s`` and ``measured_step_s`` (the model's own eag
 instruments, median of ``steps`` after ``warmup``), and the profile reports both; nothing is rescaled.
 Tiny models are dominated by that gap (a 64-wide Llama: the ops are 85-95% of its CPU step); at the
 tested sizes the ops are the step within 10%. ``details`` also holds the exported program's step
-without instruments, the instrumented step and the wall times. Node times are medians over the
-instrumented steps.
+without instruments, the instrumented step and the wall times. The node times are those of one
+instrumented step, the median one by its total, so that they add up to a step that happened.
 
 Imports: torch, transformers, numpy and ``archplace.workloads`` only (no Ray, no pyarrow), and no
 package metadata, so that ``PYTHONPATH=. python -m archplace.workloads.op_profiler`` runs from a
@@ -465,8 +465,11 @@ def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: 
         say(f"step {k + 1}/{steps}: eager {e[pick] * 1e3:.1f} ms, exported {q[pick] * 1e3:.1f} ms, "
             f"{method} ops {(t.sum() + u) * 1e3:.1f} ms (wall: {e[0] * 1e3:.1f}, {q[0] * 1e3:.1f}, "
             f"{wall * 1e3:.1f} ms)")
-    time_s = np.median(np.stack(rows), axis=0)
-    unmapped = float(np.median(unm))
+    # the node times of one real step, the median one by its total (an odd count: the middle one; an
+    # even one: the lower middle), so that the times add up to a step that happened
+    totals = [float(t.sum()) + u for t, u in zip(rows, unm)]
+    mid = int(np.argsort(totals, kind="stable")[(len(totals) - 1) // 2])
+    time_s, unmapped = rows[mid], unm[mid]
     mapped = float(time_s.sum())
     measured = float(statistics.median(x[pick] for x in eager))
 
@@ -479,9 +482,11 @@ def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: 
                "eager_step_s": [x[pick] for x in eager], "measured_wall_s": med(eager, 0),
                "measured_cpu_s": med(eager, 1), "exported_step_s": med(program, pick),
                "instrumented_step_s": med(inst, pick), "instrumented_wall_s": med(inst, 0),
+               "exported_cpu_s": med(program, 1), "instrumented_cpu_s": med(inst, 1),
                "profiled_over_measured": (mapped + unmapped) / measured if measured > 0 else None,
+               "profiled_steps_s": totals, "profiled_step_index": mid,
                "graph_nodes": w.graph.num_nodes, "exported_ops": len(prog.calls),
-               "nodes_without_time": int((time_s == 0).sum()), **infos[-1]}
+               "nodes_without_time": int((time_s == 0).sum()), **infos[mid]}
     return OpProfile(model=w.name, device=device, device_name=device_name, dtype=dtype, mbs=mbs, seq=w.seq,
                      names=tuple(str(n) for n in w.graph.nodes["name"]), time_s=time_s,
                      measured_step_s=measured, profiled_step_s=mapped + unmapped, unmapped_s=unmapped,
