@@ -213,3 +213,19 @@ def test_profiler_module_imports_no_ray():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=Path(__file__).parent.parent)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_profile_request_round_trip_and_field_errors():
+    from archplace import api
+
+    req = api.ProfileRequest("txl-2", out="p.json", mbs=2, steps=3)
+    assert api.ProfileRequest.from_dict(req.to_dict()) == req
+    req.validate()
+    for kw, field in [(dict(device="tpu"), "device"), (dict(dtype="int8"), "dtype"), (dict(mbs=0), "mbs"),
+                      (dict(capture_blocks=2), "capture_blocks"), (dict(method="x"), "method"),
+                      (dict(steps=0), "steps"), (dict(out=""), "out")]:
+        with pytest.raises(api.InvalidRequest) as e:
+            api.ProfileRequest(**{"model": "bert-base", "out": "p.json", **kw}).validate()
+        assert e.value.fields[0] == field and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        api.ProfileRequest("nope", out="p.json").validate()

@@ -383,11 +383,14 @@ def profile_model(model: str, *, device: str = "cpu", dtype: str = "fp32", mbs: 
     mapper = Mapper(w, prog)
     say(f"exported {len(prog.calls)} ops ({time.perf_counter() - t0:.1f} s)")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    probe = [o for o in _leaves(w.module(*w.args, **w.kwargs)) if isinstance(o, torch.Tensor)]
-    logits = max(probe, key=lambda o: o.numel()) if probe else None
+    with torch.no_grad():  # the outputs' shapes (no graph kept: on a GPU it would hold the activations)
+        outs = _leaves(w.module(*w.args, **w.kwargs))
+        shapes = [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        del outs
+    logits = max(shapes, key=lambda s: int(np.prod(s))) if shapes else None
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    labels = None if logits is None else torch.randint(
-        0, int(logits.shape[-1]), (logits.numel() // int(logits.shape[-1]),), generator=gen).to(device)
+    labels = None if not logits else torch.randint(
+        0, int(logits[-1]), (int(np.prod(logits)) // int(logits[-1]),), generator=gen).to(device)
     params = prog.params
     probe_leaf = torch.zeros((), requires_grad=True)
 
