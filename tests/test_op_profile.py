@@ -229,3 +229,47 @@ def test_profile_request_round_trip_and_field_errors():
         assert e.value.fields[0] == field and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         api.ProfileRequest("nope", out="p.json").validate()
+
+
+def test_mapping_closed_form():
+    """The mapping on made-up times: exported op i takes i + 1 s forward and 1000 (i + 1) s backward
+    (sequence number 10 i + 10); each forward row gets its ops' sum, a fused row's absorbed ops' backward
+    goes to /grad_vec, a GEMM's is halved between dgrad and wgrad, the loss gets its own, and what
+    maps to no node (gradient accumulation, ops the capture folds away, a sequence number no op
+    made) is unmapped; nothing is lost or counted twice."""
+    from archplace.workloads.op_mapping import Mapper
+    from archplace.workloads.op_profiler import _Program, _workload
+
+    w = _workload(TINY, device="cpu", dtype="fp32", mbs=2, seq=8, capture_blocks=None)
+    prog = _Program(w)
+    m = Mapper(w, prog)
+    n = len(prog.calls)
+    idx = np.arange(n)
+    fwd = idx + 1.0
+    top = 10 * idx + 10
+    loss_hi = 10 * n + 20
+    bwd = [(10 * i + 10, 1000.0 * (i + 1), "") for i in range(n)] + [(loss_hi, 3.0, ""), (-5, 11.0, "X")]
+    t, unmapped, info = m.assemble(fwd, 5.0, bwd, {"AccumulateGrad": 7.0}, top, 0, (10 * n + 10, loss_hi))
+    assert t.sum() + unmapped == pytest.approx(fwd.sum() + 5 + sum(b[1] for b in bwd) + 7, rel=1e-12)
+    g = w.graph
+    names = [str(x) for x in g.nodes["name"]]
+    row = {nm: r for r, nm in enumerate(names)}
+    fused = checked = 0
+    for r, ids in enumerate(m.members):
+        name = names[r]
+        if not ids:
+            continue
+        assert t[r] == pytest.approx(sum(i + 1.0 for i in ids))
+        if "+" in name:
+            fused += 1
+            assert t[row[name + "/grad_vec"]] == pytest.approx(sum(1000.0 * (i + 1) for i in ids[1:]))
+        if name + "/dgrad" in row:
+            checked += 1
+            half = 500.0 * (ids[0] + 1)
+            assert t[row[name + "/dgrad"]] == pytest.approx(half)
+            assert t[row[name + "/wgrad"]] == pytest.approx(half)
+    assert fused > 0 and checked > 0
+    assert t[row["loss/cross_entropy"]] == 5.0 and t[row["loss/cross_entropy/grad"]] == 3.0
+    folded = [i for i in idx if m.fwd_row_of_op[i] < 0]  # ops on constants, views of parameters
+    assert folded and unmapped == pytest.approx(7 + 11 + sum(1001.0 * (i + 1) for i in folded))
+    assert info["backward_unmapped"] == 1
