@@ -29,9 +29,10 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   interpolated in the forward op's flops (:func:`conv_time_s`). Other dtypes carry the conv/GEMM
   ratio onto their own GEMM grid (the note says so).
 - vector ops: achieved bandwidth (bytes moved = read + written) as a function of log bytes, piecewise
-  linear in log-log per op class (binary: ``add``; transcendental: ``gelu``; other unary / copies:
-  ``mul_scalar``; norms: ``layer_norm_h1024``; softmax: ``softmax_h1024``; reductions: ``sum``), per
-  dtype; clamped (and counted) outside 2^10..2^28 elements; never faster than the vector-flop roofline.
+  linear in log-log per op class (binary: ``add``; transcendental: ``gelu``; other unary, copies and
+  any other kind that is neither a GEMM nor free: ``mul_scalar``; norms: ``layer_norm_h1024``;
+  softmax: ``softmax_h1024``; reductions: ``sum``), per dtype; clamped (and counted) outside
+  2^10..2^28 elements; never faster than the vector-flop roofline.
 - ``attention`` (fused, FlashAttention-style): all its flops at the bmm efficiency of its gemm dims, or
   its bytes at HBM bandwidth if slower, plus one launch (the floor).
 - every op that runs a kernel costs at least the measured back-to-back per-call time
