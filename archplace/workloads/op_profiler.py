@@ -207,6 +207,19 @@ class _Program:
         self.calls = [n for n in ep.graph.nodes if n.op == "call_function"]
         self.output = next(n for n in ep.graph.nodes if n.op == "output")
         self.names = [f"{_module_path(n) or 'model'}/{n.name}" for n in self.calls]
+        # values dropped after op i, their last reader (as eager Python drops temporaries), so that memory
+        # is reused as in the model's own step; autograd keeps what the backward needs
+        last: dict[Any, int] = {}
+        pos = {n: i for i, n in enumerate(self.calls)}
+        for i, n in enumerate(self.calls):
+            for a in n.all_input_nodes:
+                if a in pos:
+                    last[a] = i
+        kept = set(self.output.all_input_nodes)
+        self.drop: list[list[Any]] = [[] for _ in self.calls]
+        for a, i in last.items():
+            if a not in kept:
+                self.drop[i].append(a)
         self.params = [p for p in params.values()]
         try:
             from torch._C._profiler import _RecordFunctionFast as ranges
@@ -234,23 +247,27 @@ class _Program:
             kw = map_arg(node.kwargs, get)
             if mode is None:
                 env[node] = node.target(*a, **kw)
-                continue
-            if mode == "profiler":
-                with self._range(self.labels[i]):
-                    out = node.target(*a, **kw)
             else:
-                c = clock()
-                out = node.target(*a, **kw)
-                secs[i] = clock() - c
-            env[node] = out
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                fn = t.grad_fn if isinstance(t, torch.Tensor) else None
-                if fn is not None:
-                    s = fn._sequence_nr()
-                    if s > last:
-                        top[i] = max(top[i], s)
-            if top[i] > last:
-                last = int(top[i])
+                if mode == "profiler":
+                    with self._range(self.labels[i]):
+                        out = node.target(*a, **kw)
+                else:
+                    c = clock()
+                    out = node.target(*a, **kw)
+                    secs[i] = clock() - c
+                env[node] = out
+                for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                    fn = t.grad_fn if isinstance(t, torch.Tensor) else None
+                    if fn is not None:
+                        s = fn._sequence_nr()
+                        if s > last:
+                            top[i] = max(top[i], s)
+                if top[i] > last:
+                    last = int(top[i])
+                out = t = fn = None
+            a = kw = None
+            for x in self.drop[i]:
+                del env[x]
         from torch.utils import _pytree as pytree
 
         return pytree.tree_leaves(map_arg(self.output.args[0], get)), top, secs
