@@ -4,9 +4,11 @@
 **What runs.** The model is built with real (seeded) weights on the local device (``cpu``, or ``cuda``
 where there is one), in the dtype asked for, and captured with ``torch.export`` exactly as the graph
 builders capture it on the meta device (``extract.capture_ops``; the same fx node names come out). One
-training step is the exported program run op by op (forward), a cross-entropy loss over the largest
-output where the graph has a loss node (``models.append_loss``: transformers models with a head, every
-GDP preset), the other outputs seeded with ones, and autograd's backward. No optimizer: the archplace
+training step is the exported program run op by op (forward; each value is dropped after its last
+reader, as eager Python drops temporaries, so memory is reused as in the model's own step), a
+cross-entropy loss over the largest output where the graph has a loss node (``models.append_loss``:
+transformers models with a head, every GDP preset), the other outputs seeded with ones, and
+autograd's backward. No optimizer: the archplace
 graph has none. Dropout follows the graph (off in the transformers presets, which are captured in eval
 mode; on in the GDP presets, captured in training mode).
 
