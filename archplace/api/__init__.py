@@ -42,6 +42,14 @@ from .operator_placement import PLACE_OPS_ALGOS, PlaceOpsRequest, PlaceOpsResult
 from .partitioning import PARTITION_ALGOS, PartitionRequest, PartitionResult, partition
 from .pipelining import PIPELINE_ALGOS, PipelineRequest, PipelineResult, pipeline
 from .placement import PlaceRequest, PlaceResult, SolveDpRequest, SolveDpResult, place, solve_dp
+from .profiling import (
+    PROFILE_DEVICES,
+    PROFILE_DTYPES,
+    PROFILE_METHODS,
+    ProfileRequest,
+    ProfileResult,
+    profile,
+)
 from .searching import RECOMPUTE, SearchRequest, SearchResult, search
 
 __all__ = [
@@ -49,7 +57,9 @@ __all__ = [
     "RECOMPUTE", "Cancelled", "EstimateRequest", "EstimateResult", "GpuEstimateRequest",
     "GpuEstimateResult", "estimate_gpu",
     "GraphRequest", "GraphResult", "InvalidRequest", "PartitionRequest", "PartitionResult",
-    "PipelineRequest", "PipelineResult", "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
+    "PipelineRequest", "PipelineResult", "PROFILE_DEVICES", "PROFILE_DTYPES", "PROFILE_METHODS",
+    "ProfileRequest", "ProfileResult", "profile",
+    "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
     "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "from_hf_config", "from_module", "graph",
     "graph_summary",
     "load_accelerator", "load_graph", "partition", "pipeline", "place", "search", "solve_dp", "strict_json",

@@ -21,6 +21,7 @@ from archplace.cli import (
     partitioning,
     pipelining,
     placement,
+    profiling,
     searching,
     serve,
     tune_rl,
@@ -41,7 +42,8 @@ def _entry(module, command: str) -> Command:
 COMMANDS = {command: _entry(module, command) for command, module in (
     ("models", graphs), ("graph", graphs), ("estimate", graphs), ("place", placement),
     ("solve-dp", placement), ("search", searching), ("place-ops", operator_placement),
-    ("partition", partitioning), ("tune-rl", tune_rl), ("pipeline", pipelining), ("report", searching))}
+    ("partition", partitioning), ("tune-rl", tune_rl), ("pipeline", pipelining), ("profile", profiling),
+    ("report", searching))}
 
 
 def build_parser() -> argparse.ArgumentParser:

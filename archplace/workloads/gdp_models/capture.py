@@ -57,15 +57,16 @@ from .wavenet import WaveNet
 BYTES_PER_ELEMENT = 4  # fp32: assumed for GDP's TensorFlow training graphs (the paper does not say)
 
 
-def build_module(preset: GdpPreset) -> nn.Module:
-    """The preset's model on the meta device, in training mode."""
+def build_module(preset: GdpPreset, device: str = "meta") -> nn.Module:
+    """The preset's model on the meta device (``device``: another one, with initialised weights, as
+    ``archplace profile`` runs it), in training mode."""
     s = preset.sizes
     builders = {"rnnlm": RNNLM, "gnmt": GNMT, "txl": TransformerXL, "amoebanet": AmoebaNet,
                 "wavenet": WaveNet, "inception": lambda sz: Inception3(sz.classes, aux_logits=False)}
     if preset.family not in builders:
         raise ValueError(f"preset {preset.name!r}: family {preset.family!r} is unknown; "
                          f"allowed: {sorted(builders)}")
-    with torch.device("meta"):
+    with torch.device(device):
         return builders[preset.family](s).train()
 
 
