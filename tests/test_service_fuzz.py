@@ -203,6 +203,11 @@ def bad_literal(allowed: list[str]) -> list:
             allowed[0] + "\u0000"]
 
 
+def bad_optional_literal(allowed: list[str]) -> list:
+    """Like :func:`bad_literal` for a field whose null means "the default"."""
+    return [v for v in bad_literal(allowed) if v is not None]
+
+
 # endpoint -> (path, a valid body, {field: invalid values})
 ENDPOINTS: dict[str, tuple[str, dict, dict[str, list]]] = {
     "create_study": ("/v1/studies", {"name": "fz-new", "models": ["bert-base"]}, {
@@ -232,7 +237,11 @@ ENDPOINTS: dict[str, tuple[str, dict, dict[str, list]]] = {
         "model": BAD_MODEL, "cluster": bad_literal(["A", "B", "C"]) + ["D", "a"],
         "stages": bad_int(2, 8, True), "algo": bad_literal(["exact", "rainbow", "pretrained"]),
         "budget": bad_int(1, 20_000, True), "seed": bad_int(0, 2**31 - 1, False),
-        "finetune": bad_int(0, 20_000, False), "radius": bad_int(0, 8, False)}),
+        "finetune": bad_int(0, 20_000, False), "radius": bad_int(0, 8, False),
+        "gpu": bad_optional_literal(["h200", "a100-80gb"]) + ["H200", "p100-pcie"],
+        "op_model": bad_optional_literal(["roofline", "calibrated"]) + ["profiled"],
+        "dtype": bad_optional_literal(["bf16", "fp32"]) + ["float32"],
+        "attention": bad_literal(["eager", "sdpa"])}),
 }
 REQUIRED = {"create_study": ["name", "models"], "evaluate": ["model"], "partition": ["model"],
             "pipeline": ["model"]}

@@ -17,6 +17,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from ..hardware.gpus import GPUS
+
+# the GPU presets a pipeline request may name: those with NVLink (a pipeline server is 8 GPUs on NVLink)
+GPU_NAMES = tuple(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)
+
 LIMITS = {
     "body_bytes": 65_536,  # the whole request body
     "models_per_study": 8,
@@ -386,7 +391,7 @@ class PartitionRequest(Strict):
 
 
 class PipelineRequest(Strict):
-    """Pipeline cuts on V100 servers (``archplace pipeline``)."""
+    """Pipeline cuts on GPU servers (``archplace pipeline``): Auto-MAP's V100 clusters, or ``gpu``."""
 
     model: str
     cluster: Literal["A", "B", "C"] = "C"
@@ -396,6 +401,12 @@ class PipelineRequest(Strict):
     seed: Seed = 0
     finetune: int = Field(default=0, ge=0, le=20_000)
     radius: int = Field(default=3, ge=0, le=8)
+    # issue 30: the GPU and its op model (as `archplace pipeline --gpu/--op-model/--dtype/--attention`);
+    # `profiled` is left out: it reads a profile file, and a client's files are not on the server
+    gpu: Literal[GPU_NAMES] | None = None  # None: Auto-MAP's V100 servers
+    op_model: Literal["roofline", "calibrated"] | None = None  # None: the GPU's default
+    dtype: Literal["bf16", "fp16", "tf32", "fp32"] | None = None  # None: fp16, Auto-MAP's
+    attention: Literal["eager", "sdpa"] = "eager"
 
     _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
 
