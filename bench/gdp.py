@@ -1,7 +1,8 @@
 """GDP's Table 1 analogue: operator placement of the paper's 12 graphs on P100-like GPUs (issue 18).
 
     python bench/gdp.py [--seeds 0,1,2] [--time 120] [--workers 2] [--graphs NAME,...]
-                        [--methods M,...] [--machine p100-pcie] [--fresh]
+                        [--methods M,...] [--machine p100-pcie] [--op-model roofline|calibrated]
+                        [--dtype fp32] [--compare OTHER.json] [--fresh]
 
 Every graph is placed on its Table 1 device count by each method and scored by the event-driven
 simulator (``simulators/gpu_placement.py``; the paper measured real P100s, so absolute times differ and
@@ -24,6 +25,26 @@ valid; an invalid placement (out of memory, split co-location group) is listed w
 are cached in ``bench/results/gdp_runs.json`` keyed by graph, method, seed, budget and the code version
 of the modules that method depends on (``CODE``); each records its commit and command. Writes
 ``bench/results/gdp.json``.
+
+**Machines and op models (issue 30).** ``--machine`` takes the GDP-era machines or any GPU preset of
+``hardware/gpus.py`` (N of them on NVLink, ``gpu_machine``); ``--op-model`` times each op with the roofline
+or the model calibrated on micro-benchmarks (``simulators/gpu_ops.py``, the same path as ``place-ops
+--op-model``: ``gpu_op_times`` with the machine's launch floor, handed to the simulator as
+``profiled_compute_s``). Giving ``--op-model`` (even ``roofline``) routes the op times through
+``gpu_op_times``, so two runs on one machine that differ in ``--op-model`` differ in the op times alone.
+Cache keys then carry machine, op model and dtype, and the code version also covers ``gpu_ops`` /
+``gpus``. Each placement records how many GPUs it uses (``gpus_used``), and the output names the best
+method of each graph and whether its placement spans more than one GPU. ``--compare OTHER.json`` (a run
+of the same graphs on another op model) adds, per graph, both step times per method, the best method
+under each, the rank order under each and Kendall's tau-b between them (scipy; an invalid placement ranks
+last, tied with the other invalid ones).
+
+The issue-30 re-run (budgets fixed here before any result was seen, 2 shared cores, 1.5 h in all):
+``--machine h100-sxm --dtype fp32`` (GDP's TensorFlow graphs are fp32; the calibration has fp32 data with
+TF32 off), once with ``--op-model roofline`` and once with ``calibrated``; all 12 graphs; the fast placers;
+GDP-one with seed 0 only and ``--time 30`` (a quarter of the paper-analogue budget); random with as many
+samples as that GDP-one run drew; no HDP and no gdp-noatt. Results:
+``bench/results/gdp_h100_{roofline,calibrated}.{json,txt}``, cache ``bench/results/gdp_h100_runs.json``.
 """
 
 from __future__ import annotations
@@ -65,20 +86,37 @@ CODE = {**{m: ("archplace.algorithms.search.gdp_baselines",) + _CORE for m in FA
 PAPER_GEOMEAN = {"human": 0.16, "hdp": 0.092, "gdp-noatt": 0.18}
 
 
-def build(name: str, machine_name: str):
-    """(graph, problem, GDPGraph) of a preset on its Table 1 device count."""
+def build(name: str, machine_name: str, op_model: str | None = None, dtype: str | None = None):
+    """(graph, problem, GDPGraph, op-model note) of a preset on its Table 1 device count. ``op_model``
+    None: the machine's own roofline inside ``PlacementProblem.from_graph`` (the old bench, bit for bit);
+    else the op times of ``gpu_op_times`` as ``place-ops --op-model`` uses them."""
     from archplace.algorithms.rl.gdp_env import GDPGraph
     from archplace.hardware.gpu_machines import gpu_machine
+    from archplace.simulators.gpu_ops import gpu_op_times
     from archplace.simulators.gpu_placement import PlacementProblem
     from archplace.workloads.gdp_models import GDP_PRESETS, gdp_graph, node_features
 
     g = gdp_graph(name)
-    problem = PlacementProblem.from_graph(g, gpu_machine(machine_name, GDP_PRESETS[name].devices))
+    machine = gpu_machine(machine_name, GDP_PRESETS[name].devices, dtype)
+    note = None
+    if op_model is None and dtype is None:
+        problem = PlacementProblem.from_graph(g, machine)
+    else:
+        times = gpu_op_times(g, machine.spec, dtype=machine.dtype, op_model=op_model,
+                             launch_s=machine.kernel_launch_s, zero_inputs=True)
+        problem = PlacementProblem.from_graph(g, machine, profiled_compute_s=times.time_s)
+        note = times.to_dict()
     feats, _ = node_features(g)
-    return g, problem, GDPGraph(problem, feats, name)
+    return g, problem, GDPGraph(problem, feats, name), note
 
 
-def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str) -> dict:
+def gpus_used(placement) -> int | None:
+    """How many distinct GPUs a placement puts ops on (None: no placement)."""
+    return None if placement is None else int(len(np.unique(np.asarray(placement))))
+
+
+def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str,
+            op_model: str | None = None, dtype: str | None = None) -> dict:
     """One method on one graph (a Ray task, one CPU)."""
     import torch
 
@@ -87,16 +125,17 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
     from archplace.simulators.gpu_placement import simulate
 
     t0 = time.perf_counter()
-    g, problem, gg = build(name, machine_name)
+    g, problem, gg, note = build(name, machine_name, op_model, dtype)
     t_build = time.perf_counter() - t0
     out: dict = {"graph": name, "method": method, "seed": seed, "nodes": problem.num_nodes,
-                 "devices": problem.num_devices, "build_s": t_build}
+                 "devices": problem.num_devices, "build_s": t_build, "op_model": note}
     t1 = time.perf_counter()
     if method in FAST:
         p = gdp_baselines.human_from_graph(g, problem) if method == "human" else \
             gdp_baselines.BASELINES[method](problem, seed=0)
         r = simulate(problem, p)
-        out.update(step_time_s=r.step_time_s, valid=r.valid, reason=r.reason, samples=1)
+        out.update(step_time_s=r.step_time_s, valid=r.valid, reason=r.reason, samples=1,
+                   gpus_used=gpus_used(p))
     elif method in LEARNED:
         if method == "hdp":
             from archplace.algorithms.rl.hdp import hdp_train as train
@@ -111,6 +150,8 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
                    reason="" if best_valid else "no valid placement sampled", samples=run.samples,
                    iterations=run.iterations, greedy_step_time_s=greedy.step_time_s,
                    greedy_valid=greedy.valid, greedy_reason=greedy.reason,
+                   gpus_used=gpus_used(run.best_placement[0]) if best_valid else None,
+                   greedy_gpus_used=gpus_used(run.greedy_placement[0]),
                    sampled_mean_step_time_s=[m[0] for m in run.sampled_mean_step_time_s],
                    curve=[[round(c[0], 2), c[1]] for c in run.curve])
     else:
@@ -120,15 +161,16 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str)
     return out
 
 
-def random_best(name: str, seed: int, samples: int, machine_name: str) -> dict:
+def random_best(name: str, seed: int, samples: int, machine_name: str, op_model: str | None = None,
+                dtype: str | None = None) -> dict:
     """The best valid of ``samples`` uniform placements (co-location groups kept whole)."""
     from archplace.algorithms.search.gdp_baselines import random_placement
     from archplace.simulators.gpu_placement import simulate_batch
 
     t0 = time.perf_counter()
-    _, problem, _ = build(name, machine_name)
+    _, problem, _, _ = build(name, machine_name, op_model, dtype)
     rng = np.random.default_rng(seed)
-    best, valid_any, chunk = float("inf"), False, 64
+    best, valid_any, chunk, best_p = float("inf"), False, 64, None
     done = 0
     while done < samples:
         k = min(chunk, samples - done)
@@ -136,10 +178,13 @@ def random_best(name: str, seed: int, samples: int, machine_name: str) -> dict:
         r = simulate_batch(problem, P)
         if r.valid.any():
             valid_any = True
-            best = min(best, float(r.step_time_s[r.valid].min()))
+            i = int(np.flatnonzero(r.valid)[np.argmin(r.step_time_s[r.valid])])
+            if float(r.step_time_s[i]) < best:
+                best, best_p = float(r.step_time_s[i]), P[i]
         done += k
     return {"graph": name, "method": "random", "seed": seed, "samples": samples, "step_time_s": best,
             "valid": valid_any, "reason": "" if valid_any else f"none of {samples} samples valid",
+            "gpus_used": gpus_used(best_p),
             "search_s": time.perf_counter() - t0, "commit": git_state()["commit"], "command": command()}
 
 
@@ -154,7 +199,18 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--machine", default="p100-pcie", choices=("p100-pcie", "v100-nvlink"))
+    from archplace.hardware.gpu_machines import MACHINE_NAMES
+
+    ap.add_argument("--machine", default="p100-pcie", choices=MACHINE_NAMES,
+                    help="a GDP-era machine or a GPU preset (N of that GPU on NVLink)")
+    ap.add_argument("--op-model", default=None, choices=("roofline", "calibrated"),
+                    help="how each op is timed (simulators/gpu_ops.py); default: the machine's roofline "
+                         "as the simulator always had it")
+    ap.add_argument("--dtype", default=None, choices=("bf16", "fp16", "tf32", "fp32"),
+                    help="the dtype of the op times and peaks (default fp32)")
+    ap.add_argument("--compare", default=None,
+                    help="a gdp.py JSON of the same graphs under another op model: adds per graph both "
+                         "step times, the rankings and Kendall's tau")
     ap.add_argument("--cache", default=str(RESULTS / "gdp_runs.json"))
     ap.add_argument("--out", default=str(RESULTS / "gdp.json"))
     ap.add_argument("--fresh", action="store_true")
@@ -172,13 +228,16 @@ def main() -> None:
 
     import ray
 
-    versions = {m: code_version(*CODE[m]) for m in METHODS}
+    ops = args.op_model is not None or args.dtype is not None
+    extra = ("archplace.simulators.gpu_ops", "archplace.hardware.gpus") if ops else ()
+    versions = {m: code_version(*CODE[m], *extra) for m in METHODS}
+    tag = f"|{args.op_model or 'default'}|{args.dtype or 'fp32'}" if ops else ""
     cache_path = Path(args.cache)
     cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
 
     def key(g, m, s):
         t = f"|{args.time}" if m in LEARNED + ("random",) else ""
-        return f"{g}|{m}|{s if m in LEARNED + ('random',) else 0}{t}|{args.machine}|{versions[m]}"
+        return f"{g}|{m}|{s if m in LEARNED + ('random',) else 0}{t}|{args.machine}{tag}|{versions[m]}"
 
     def save():
         tmp = cache_path.with_suffix(".tmp")
@@ -198,7 +257,8 @@ def main() -> None:
     if todo or "random" in methods:
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False)
         task = ray.remote(num_cpus=1, max_retries=0)(run_one)
-        pending = {task.remote(g, m, s, args.time, args.machine): k for k, g, m, s in todo}
+        pending = {task.remote(g, m, s, args.time, args.machine, args.op_model, args.dtype): k
+                   for k, g, m, s in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             k = pending.pop(done[0])
@@ -215,7 +275,8 @@ def main() -> None:
                 for s in seeds:
                     k = key(g, "random", s)
                     if k not in cache:
-                        pend[rtask.remote(g, s, cache[key(g, "gdp-one", s)]["samples"], args.machine)] = k
+                        pend[rtask.remote(g, s, cache[key(g, "gdp-one", s)]["samples"], args.machine,
+                                          args.op_model, args.dtype)] = k
             while pend:
                 done, _ = ray.wait(list(pend), num_returns=1)
                 k = pend.pop(done[0])
@@ -224,14 +285,21 @@ def main() -> None:
         ray.shutdown()
 
     out: dict = {**git_state(), "command": command(), "machine": machine(load), "code_versions": versions,
-                 "gpu_machine": args.machine, "seeds": seeds, "time_s": args.time, "methods": methods,
-                 "graphs": {}}
+                 "gpu_machine": args.machine, "op_model": args.op_model, "dtype": args.dtype or "fp32",
+                 "seeds": seeds, "time_s": args.time, "methods": methods, "graphs": {}}
     cols = [m for m in ("human", "metis", "m-topo", "m-etf", "m-sct", "random") if m in methods]
     learned = [m for m in LEARNED if m in methods]
-    print(f"\nStep time (ms) on {args.machine}; learned placers: best-seen mean over seeds {seeds} "
-          f"[the greedy policy's], {args.time:g} s per seed")
-    print(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>10}" for c in cols)
-          + "".join(f"{m:>18}" for m in learned))
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text)
+        lines.append(text)
+
+    say(f"Step time (ms) on {args.machine}, op model {args.op_model or 'default (the machine roofline)'}, "
+        f"{args.dtype or 'fp32'}; learned placers: best-seen mean over seeds {seeds} [the greedy policy's], "
+        f"{args.time:g} s per seed; (n) = GPUs the placement uses")
+    say(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>14}" for c in cols)
+        + "".join(f"{m:>22}" for m in learned) + "   best")
     ref = "gdp-one" if "gdp-one" in learned else None
     others = cols + [m for m in learned if m != ref]
     speed: dict[str, list[float]] = {c: [] for c in others}
@@ -239,20 +307,25 @@ def main() -> None:
     def fmt(t: float) -> str:
         return f"{t * 1e3:.2f}" if np.isfinite(t) else "invalid"
 
+    def best_run(rs: list[dict]) -> dict:   # the seed whose best-seen placement is fastest
+        return min(rs, key=lambda r: r["step_time_s"] if r["valid"] else float("inf"))
+
     for g in graphs:
         row = {m: cache[key(g, m, 0)] for m in cols if m in FAST}
         runs = {m: [cache[key(g, m, s)] for s in seeds] for m in learned}
         rnd = [cache[key(g, "random", s)] for s in seeds] if "random" in methods else []
         any_run = next(iter(row.values()), next(iter(runs.values()), [None])[0])
         entry = {m: {"step_time_s": r["step_time_s"] if r["valid"] else float("inf"), "valid": r["valid"],
-                     "reason": r["reason"]} for m, r in row.items()}
+                     "reason": r["reason"], "gpus_used": r.get("gpus_used")} for m, r in row.items()}
         if rnd:
             ok = [r for r in rnd if r["valid"]]
             t = float(np.mean([r["step_time_s"] for r in ok])) if len(ok) == len(rnd) else float("inf")
             entry["random"] = {"step_time_s": t, "valid": bool(np.isfinite(t)),
                                "per_seed": [r["step_time_s"] for r in rnd],
-                               "samples": [r["samples"] for r in rnd]}
-        cells = [f"{fmt(entry[c]['step_time_s']):>10}" for c in cols]
+                               "samples": [r["samples"] for r in rnd],
+                               "gpus_used_per_seed": [r.get("gpus_used") for r in rnd],
+                               "gpus_used": best_run(rnd).get("gpus_used")}
+        cells = [f"{fmt(entry[c]['step_time_s'])} ({entry[c]['gpus_used'] or '-'})".rjust(14) for c in cols]
         for m, rs in runs.items():
             best = [r["step_time_s"] for r in rs]
             greedy = [r["greedy_step_time_s"] if r["greedy_valid"] else float("inf") for r in rs]
@@ -260,16 +333,36 @@ def main() -> None:
             tg = float(np.mean(greedy)) if all(np.isfinite(greedy)) else float("inf")
             entry[m] = {"step_time_s": tb, "per_seed": best, "greedy_step_time_s": tg,
                         "greedy_per_seed": greedy, "samples": [r["samples"] for r in rs],
-                        "iterations": [r["iterations"] for r in rs], "search_s": [r["search_s"] for r in rs]}
-            cells.append(f"{fmt(tb):>10} [{fmt(tg)}]".rjust(18))
+                        "iterations": [r["iterations"] for r in rs], "search_s": [r["search_s"] for r in rs],
+                        "gpus_used_per_seed": [r.get("gpus_used") for r in rs],
+                        "greedy_gpus_used_per_seed": [r.get("greedy_gpus_used") for r in rs],
+                        "gpus_used": best_run(rs).get("gpus_used")}
+            cells.append(f"{fmt(tb)} ({entry[m]['gpus_used'] or '-'}) [{fmt(tg)}]".rjust(22))
         if ref:
             for c in others:
                 tb, tr = entry[c]["step_time_s"], entry[ref]["step_time_s"]
                 if np.isfinite(tb) and np.isfinite(tr):
                     speed[c].append(tb / tr)
+        ms = [m for m in cols + learned if np.isfinite(entry[m]["step_time_s"])]
+        tmin = min((entry[m]["step_time_s"] for m in ms), default=float("inf"))
+        winners = [m for m in ms if entry[m]["step_time_s"] <= tmin * (1 + 1e-9)]
+        entry["best"] = {"methods": winners, "step_time_s": tmin,
+                         "gpus_used": [entry[m]["gpus_used"] for m in winners]}
+        entry["op_model"] = any_run.get("op_model") if any_run else None
         out["graphs"][g] = entry
-        print(f"{g:<14}{any_run['nodes'] if any_run else 0:>7}{any_run['devices'] if any_run else 0:>3}"
-              + "".join(cells))
+        say(f"{g:<14}{any_run['nodes'] if any_run else 0:>7}{any_run['devices'] if any_run else 0:>3}"
+            + "".join(cells) + "   "
+            + ",".join(f"{m}({u})" for m, u in zip(winners, entry["best"]["gpus_used"])))
+    # the issue's claim: a model that makes compute too cheap tilts placements toward one GPU
+    multi = {"best_uses_more_than_one_gpu": sum(any((u or 0) > 1 for u in out["graphs"][g]["best"][
+                 "gpus_used"]) for g in graphs),
+             "graphs": len(graphs),
+             "per_method": {m: sum((out["graphs"][g][m]["gpus_used"] or 0) > 1 for g in graphs)
+                            for m in cols + learned}}
+    out["multi_gpu"] = multi
+    say(f"  graphs whose best placement uses more than one GPU: {multi['best_uses_more_than_one_gpu']}/"
+        f"{len(graphs)}; placements on more than one GPU per method: "
+        + ", ".join(f"{m} {n}" for m, n in multi["per_method"].items()))
     if ref:
         out["speedup_geomean"] = {}
         for c in others:
@@ -277,17 +370,79 @@ def main() -> None:
                 s = geomean(speed[c]) - 1
                 out["speedup_geomean"][c] = {"value": s, "graphs": len(speed[c])}
                 paper = f" (paper: {PAPER_GEOMEAN[c]:+.1%})" if c in PAPER_GEOMEAN else ""
-                print(f"  gdp-one (best-seen) over {c}: {s:+.1%} geomean on {len(speed[c])} graphs where "
-                      f"both are valid{paper}")
+                say(f"  gdp-one (best-seen) over {c}: {s:+.1%} geomean on {len(speed[c])} graphs where "
+                    f"both are valid{paper}")
         best_fast = {g: min(out["graphs"][g][c]["step_time_s"] for c in cols if c in FAST) for g in graphs}
         vs = [best_fast[g] / out["graphs"][g][ref]["step_time_s"] for g in graphs
               if np.isfinite(best_fast[g]) and np.isfinite(out["graphs"][g][ref]["step_time_s"])]
         if vs:
             out["speedup_geomean"]["best fast placer per graph"] = {"value": geomean(vs) - 1,
                                                                      "graphs": len(vs)}
-            print(f"  gdp-one (best-seen) over the best fast placer of each graph: {geomean(vs) - 1:+.1%}")
+            say(f"  gdp-one (best-seen) over the best fast placer of each graph: {geomean(vs) - 1:+.1%}")
+    if args.compare:
+        other = json.loads(Path(args.compare).read_text())
+        out["comparison"] = compare(other, out, graphs, cols + learned)
+        out["comparison"]["other_file"] = args.compare
+        say()
+        for ln in out["comparison"]["lines"]:
+            say(ln)
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.out}")
+    Path(args.out).with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print(f"\nwrote {args.out} and {Path(args.out).with_suffix('.txt')}")
+
+
+def ranks(times: list[float]) -> list[int]:
+    """Competition ranks (1 = fastest; ties share the lower rank; invalid = inf ranks last)."""
+    from scipy.stats import rankdata
+
+    return [int(r) for r in rankdata(np.asarray(times, float), method="min")]
+
+
+def compare(a: dict, b: dict, graphs: list[str], methods: list[str]) -> dict:
+    """Per graph, run ``a`` (e.g. roofline) against run ``b`` (e.g. calibrated): both step times per
+    method, the best methods and rank order under each, Kendall's tau-b between the two rankings."""
+    from scipy.stats import kendalltau
+
+    name_a, name_b = a.get("op_model") or "default", b.get("op_model") or "default"
+    res: dict = {"a": name_a, "b": name_b, "graphs": {}}
+    lines = [f"Ranking of the methods under {name_a} vs {name_b} (1 = fastest; tau = Kendall tau-b; "
+             "best changes: the set of fastest methods differs)"]
+    taus, changed_best, changed_order = [], 0, 0
+    for g in graphs:
+        if g not in a["graphs"]:
+            continue
+        ms = [m for m in methods if m in a["graphs"][g] and m in b["graphs"][g]]
+        ta = [a["graphs"][g][m]["step_time_s"] for m in ms]
+        tb = [b["graphs"][g][m]["step_time_s"] for m in ms]
+        ra, rb = ranks(ta), ranks(tb)
+        big = 1e30   # invalid placements tie with each other, behind every valid one
+        tau = kendalltau([t if np.isfinite(t) else big for t in ta],
+                         [t if np.isfinite(t) else big for t in tb])
+        tau_v = float(tau.statistic) if np.isfinite(tau.statistic) else None
+        best_a = sorted(m for m, r in zip(ms, ra) if r == 1)
+        best_b = sorted(m for m, r in zip(ms, rb) if r == 1)
+        res["graphs"][g] = {"methods": ms, f"step_time_s_{name_a}": ta, f"step_time_s_{name_b}": tb,
+                            f"rank_{name_a}": ra, f"rank_{name_b}": rb, "kendall_tau_b": tau_v,
+                            f"best_{name_a}": best_a, f"best_{name_b}": best_b,
+                            "best_changes": best_a != best_b, "order_changes": ra != rb,
+                            f"best_gpus_used_{name_a}": a["graphs"][g]["best"]["gpus_used"],
+                            f"best_gpus_used_{name_b}": b["graphs"][g]["best"]["gpus_used"]}
+        taus += [tau_v] if tau_v is not None else []
+        changed_best += best_a != best_b
+        changed_order += ra != rb
+        tau_s = "n/a" if tau_v is None else f"{tau_v:.3f}"
+        lines.append(f"  {g:<14} tau {tau_s:>6}  best {','.join(best_a)} -> {','.join(best_b)}  "
+                     f"ranks {name_a} {ra} {name_b} {rb}")
+    res["summary"] = {"graphs": len(res["graphs"]), "best_changes": changed_best,
+                      "order_changes": changed_order,
+                      "kendall_tau_b_mean": float(np.mean(taus)) if taus else None,
+                      "kendall_tau_b_min": float(np.min(taus)) if taus else None}
+    lines.append(f"  methods in rank order: {ms}")
+    lines.append(f"  best method changes on {changed_best}/{len(res['graphs'])} graphs, rank order on "
+                 f"{changed_order}/{len(res['graphs'])}; Kendall tau-b mean "
+                 f"{res['summary']['kendall_tau_b_mean']}, min {res['summary']['kendall_tau_b_min']}")
+    res["lines"] = lines
+    return res
 
 
 if __name__ == "__main__":
