@@ -66,7 +66,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +101,6 @@ def cases(which: str) -> list[Case]:
     return {"table7": t7, "large": large, "all": t7 + large}[which]
 
 
-@lru_cache(maxsize=4)   # a Ray worker runs many tasks of one case: build each graph once per worker
 def op_model_profile(model: str, op_model: str | None):
     """(pipeline profile, op-model note) of a model preset at micro-batch 16 on the V100 (fp16): the
     profile of ``model_profile`` when ``op_model`` is None, else with op times from ``gpu_op_times``."""
