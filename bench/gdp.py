@@ -33,8 +33,12 @@ or the model calibrated on micro-benchmarks (``simulators/gpu_ops.py``, the same
 ``profiled_compute_s``). Giving ``--op-model`` (even ``roofline``) routes the op times through
 ``gpu_op_times``, so two runs on one machine that differ in ``--op-model`` differ in the op times alone.
 Cache keys then carry machine, op model and dtype, and the code version also covers ``gpu_ops`` /
-``gpus``. Each placement records how many GPUs it uses (``gpus_used``), and the output names the best
-method of each graph and whether its placement spans more than one GPU. ``--compare OTHER.json`` (a run
+``gpus``. Each placement records how many GPUs it puts any op on (``gpus_used``) and how its compute
+spreads: ``busiest_gpu_share`` (the busiest GPU's share of the summed op times; 1 = all on one GPU) and
+``effective_gpus`` (summed op times / the busiest GPU's). A placement counts as *multi-GPU* when its
+busiest GPU holds less than 90% of the compute (``MULTI_GPU_SHARE``, fixed before the re-run: one stray
+op on a second GPU does not make a split). The output names the best method of each graph and whether
+its placement is multi-GPU. ``--compare OTHER.json`` (a run
 of the same graphs on another op model) adds, per graph, both step times per method, the best method
 under each, the rank order under each and Kendall's tau-b between them (scipy; an invalid placement ranks
 last, tied with the other invalid ones).
@@ -110,9 +114,18 @@ def build(name: str, machine_name: str, op_model: str | None = None, dtype: str 
     return g, problem, GDPGraph(problem, feats, name), note
 
 
-def gpus_used(placement) -> int | None:
-    """How many distinct GPUs a placement puts ops on (None: no placement)."""
-    return None if placement is None else int(len(np.unique(np.asarray(placement))))
+MULTI_GPU_SHARE = 0.9   # a placement whose busiest GPU holds less than this share of compute is a split
+
+
+def spread(problem, placement) -> dict:
+    """How a placement spreads the compute: GPUs with any op, the busiest GPU's share of the summed op
+    times, and the effective GPU count (their inverse). Empty for no placement."""
+    if placement is None:
+        return {"gpus_used": None, "busiest_gpu_share": None, "effective_gpus": None}
+    p = np.asarray(placement, dtype=np.int64)
+    busy = np.bincount(p, weights=np.asarray(problem.compute_s, float), minlength=problem.num_devices)
+    share = float(busy.max() / busy.sum()) if busy.sum() > 0 else 1.0
+    return {"gpus_used": int(len(np.unique(p))), "busiest_gpu_share": share, "effective_gpus": 1.0 / share}
 
 
 def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str,
@@ -135,7 +148,7 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str,
             gdp_baselines.BASELINES[method](problem, seed=0)
         r = simulate(problem, p)
         out.update(step_time_s=r.step_time_s, valid=r.valid, reason=r.reason, samples=1,
-                   gpus_used=gpus_used(p))
+                   **spread(problem, p))
     elif method in LEARNED:
         if method == "hdp":
             from archplace.algorithms.rl.hdp import hdp_train as train
@@ -150,8 +163,8 @@ def run_one(name: str, method: str, seed: int, time_s: float, machine_name: str,
                    reason="" if best_valid else "no valid placement sampled", samples=run.samples,
                    iterations=run.iterations, greedy_step_time_s=greedy.step_time_s,
                    greedy_valid=greedy.valid, greedy_reason=greedy.reason,
-                   gpus_used=gpus_used(run.best_placement[0]) if best_valid else None,
-                   greedy_gpus_used=gpus_used(run.greedy_placement[0]),
+                   **spread(problem, run.best_placement[0] if best_valid else None),
+                   greedy_spread=spread(problem, run.greedy_placement[0]),
                    sampled_mean_step_time_s=[m[0] for m in run.sampled_mean_step_time_s],
                    curve=[[round(c[0], 2), c[1]] for c in run.curve])
     else:
@@ -184,8 +197,13 @@ def random_best(name: str, seed: int, samples: int, machine_name: str, op_model:
         done += k
     return {"graph": name, "method": "random", "seed": seed, "samples": samples, "step_time_s": best,
             "valid": valid_any, "reason": "" if valid_any else f"none of {samples} samples valid",
-            "gpus_used": gpus_used(best_p),
+            **spread(problem, best_p),
             "search_s": time.perf_counter() - t0, "commit": git_state()["commit"], "command": command()}
+
+
+def multi_gpu(entry: dict) -> bool:
+    share = entry.get("busiest_gpu_share")
+    return share is not None and share < MULTI_GPU_SHARE
 
 
 def geomean(x) -> float:
@@ -297,15 +315,21 @@ def main() -> None:
 
     say(f"Step time (ms) on {args.machine}, op model {args.op_model or 'default (the machine roofline)'}, "
         f"{args.dtype or 'fp32'}; learned placers: best-seen mean over seeds {seeds} [the greedy policy's], "
-        f"{args.time:g} s per seed; (n) = GPUs the placement uses")
-    say(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>14}" for c in cols)
-        + "".join(f"{m:>22}" for m in learned) + "   best")
+        f"{args.time:g} s per seed; (n) = effective GPUs of the placement")
+    say(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>16}" for c in cols)
+        + "".join(f"{m:>24}" for m in learned) + "   best")
     ref = "gdp-one" if "gdp-one" in learned else None
     others = cols + [m for m in learned if m != ref]
     speed: dict[str, list[float]] = {c: [] for c in others}
 
     def fmt(t: float) -> str:
         return f"{t * 1e3:.2f}" if np.isfinite(t) else "invalid"
+
+    def sp(r: dict) -> dict:
+        return {k: r.get(k) for k in ("gpus_used", "busiest_gpu_share", "effective_gpus")}
+
+    def eff(e: dict) -> str:
+        return "-" if e.get("effective_gpus") is None else f"{e['effective_gpus']:.1f}"
 
     def best_run(rs: list[dict]) -> dict:   # the seed whose best-seen placement is fastest
         return min(rs, key=lambda r: r["step_time_s"] if r["valid"] else float("inf"))
@@ -316,16 +340,15 @@ def main() -> None:
         rnd = [cache[key(g, "random", s)] for s in seeds] if "random" in methods else []
         any_run = next(iter(row.values()), next(iter(runs.values()), [None])[0])
         entry = {m: {"step_time_s": r["step_time_s"] if r["valid"] else float("inf"), "valid": r["valid"],
-                     "reason": r["reason"], "gpus_used": r.get("gpus_used")} for m, r in row.items()}
+                     "reason": r["reason"], **sp(r)} for m, r in row.items()}
         if rnd:
             ok = [r for r in rnd if r["valid"]]
             t = float(np.mean([r["step_time_s"] for r in ok])) if len(ok) == len(rnd) else float("inf")
             entry["random"] = {"step_time_s": t, "valid": bool(np.isfinite(t)),
                                "per_seed": [r["step_time_s"] for r in rnd],
                                "samples": [r["samples"] for r in rnd],
-                               "gpus_used_per_seed": [r.get("gpus_used") for r in rnd],
-                               "gpus_used": best_run(rnd).get("gpus_used")}
-        cells = [f"{fmt(entry[c]['step_time_s'])} ({entry[c]['gpus_used'] or '-'})".rjust(14) for c in cols]
+                               "spread_per_seed": [sp(r) for r in rnd], **sp(best_run(rnd))}
+        cells = [f"{fmt(entry[c]['step_time_s'])} ({eff(entry[c])})".rjust(16) for c in cols]
         for m, rs in runs.items():
             best = [r["step_time_s"] for r in rs]
             greedy = [r["greedy_step_time_s"] if r["greedy_valid"] else float("inf") for r in rs]
@@ -334,10 +357,9 @@ def main() -> None:
             entry[m] = {"step_time_s": tb, "per_seed": best, "greedy_step_time_s": tg,
                         "greedy_per_seed": greedy, "samples": [r["samples"] for r in rs],
                         "iterations": [r["iterations"] for r in rs], "search_s": [r["search_s"] for r in rs],
-                        "gpus_used_per_seed": [r.get("gpus_used") for r in rs],
-                        "greedy_gpus_used_per_seed": [r.get("greedy_gpus_used") for r in rs],
-                        "gpus_used": best_run(rs).get("gpus_used")}
-            cells.append(f"{fmt(tb)} ({entry[m]['gpus_used'] or '-'}) [{fmt(tg)}]".rjust(22))
+                        "spread_per_seed": [sp(r) for r in rs],
+                        "greedy_spread_per_seed": [r.get("greedy_spread") for r in rs], **sp(best_run(rs))}
+            cells.append(f"{fmt(tb)} ({eff(entry[m])}) [{fmt(tg)}]".rjust(24))
         if ref:
             for c in others:
                 tb, tr = entry[c]["step_time_s"], entry[ref]["step_time_s"]
@@ -347,22 +369,31 @@ def main() -> None:
         tmin = min((entry[m]["step_time_s"] for m in ms), default=float("inf"))
         winners = [m for m in ms if entry[m]["step_time_s"] <= tmin * (1 + 1e-9)]
         entry["best"] = {"methods": winners, "step_time_s": tmin,
-                         "gpus_used": [entry[m]["gpus_used"] for m in winners]}
+                         "effective_gpus": [entry[m]["effective_gpus"] for m in winners],
+                         "multi_gpu": [multi_gpu(entry[m]) for m in winners]}
         entry["op_model"] = any_run.get("op_model") if any_run else None
         out["graphs"][g] = entry
         say(f"{g:<14}{any_run['nodes'] if any_run else 0:>7}{any_run['devices'] if any_run else 0:>3}"
             + "".join(cells) + "   "
-            + ",".join(f"{m}({u})" for m, u in zip(winners, entry["best"]["gpus_used"])))
+            + ",".join(f"{m}({eff(entry[m])})" for m in winners))
     # the issue's claim: a model that makes compute too cheap tilts placements toward one GPU
-    multi = {"best_uses_more_than_one_gpu": sum(any((u or 0) > 1 for u in out["graphs"][g]["best"][
-                 "gpus_used"]) for g in graphs),
+    multi = {"threshold_busiest_gpu_share": MULTI_GPU_SHARE,
+             "best_is_multi_gpu": sum(any(out["graphs"][g]["best"]["multi_gpu"]) for g in graphs),
+             "best_has_ops_on_more_than_one_gpu": sum(
+                 any((out["graphs"][g][m]["gpus_used"] or 0) > 1 for m in out["graphs"][g]["best"]["methods"])
+                 for g in graphs),
              "graphs": len(graphs),
-             "per_method": {m: sum((out["graphs"][g][m]["gpus_used"] or 0) > 1 for g in graphs)
-                            for m in cols + learned}}
+             "per_method_multi_gpu": {m: sum(multi_gpu(out["graphs"][g][m]) for g in graphs)
+                                      for m in cols + learned},
+             "per_method_mean_effective_gpus": {m: float(np.mean([out["graphs"][g][m]["effective_gpus"] or 0
+                                                                  for g in graphs])) for m in cols + learned}}
     out["multi_gpu"] = multi
-    say(f"  graphs whose best placement uses more than one GPU: {multi['best_uses_more_than_one_gpu']}/"
-        f"{len(graphs)}; placements on more than one GPU per method: "
-        + ", ".join(f"{m} {n}" for m, n in multi["per_method"].items()))
+    say(f"  graphs whose best placement is multi-GPU (busiest GPU < {MULTI_GPU_SHARE:.0%} of compute): "
+        f"{multi['best_is_multi_gpu']}/{len(graphs)} (ops on more than one GPU at all: "
+        f"{multi['best_has_ops_on_more_than_one_gpu']}/{len(graphs)}); multi-GPU placements per method: "
+        + ", ".join(f"{m} {n}" for m, n in multi["per_method_multi_gpu"].items()))
+    say("  mean effective GPUs (summed op time / busiest GPU's) per method: "
+        + ", ".join(f"{m} {v:.2f}" for m, v in multi["per_method_mean_effective_gpus"].items()))
     if ref:
         out["speedup_geomean"] = {}
         for c in others:
@@ -425,8 +456,10 @@ def compare(a: dict, b: dict, graphs: list[str], methods: list[str]) -> dict:
                             f"rank_{name_a}": ra, f"rank_{name_b}": rb, "kendall_tau_b": tau_v,
                             f"best_{name_a}": best_a, f"best_{name_b}": best_b,
                             "best_changes": best_a != best_b, "order_changes": ra != rb,
-                            f"best_gpus_used_{name_a}": a["graphs"][g]["best"]["gpus_used"],
-                            f"best_gpus_used_{name_b}": b["graphs"][g]["best"]["gpus_used"]}
+                            f"best_effective_gpus_{name_a}": a["graphs"][g]["best"]["effective_gpus"],
+                            f"best_effective_gpus_{name_b}": b["graphs"][g]["best"]["effective_gpus"],
+                            f"best_multi_gpu_{name_a}": a["graphs"][g]["best"]["multi_gpu"],
+                            f"best_multi_gpu_{name_b}": b["graphs"][g]["best"]["multi_gpu"]}
         taus += [tau_v] if tau_v is not None else []
         changed_best += best_a != best_b
         changed_order += ra != rb
@@ -437,7 +470,7 @@ def compare(a: dict, b: dict, graphs: list[str], methods: list[str]) -> dict:
                       "order_changes": changed_order,
                       "kendall_tau_b_mean": float(np.mean(taus)) if taus else None,
                       "kendall_tau_b_min": float(np.min(taus)) if taus else None}
-    lines.append(f"  methods in rank order: {ms}")
+    lines.append(f"  rank lists are in the method order {ms}")
     lines.append(f"  best method changes on {changed_best}/{len(res['graphs'])} graphs, rank order on "
                  f"{changed_order}/{len(res['graphs'])}; Kendall tau-b mean "
                  f"{res['summary']['kendall_tau_b_mean']}, min {res['summary']['kendall_tau_b_min']}")
