@@ -397,8 +397,15 @@ def _mean_gap(row: dict | None) -> float:
 def compare(a: dict, b: dict) -> dict:
     """Per case, run ``a`` (e.g. roofline) against run ``b`` (e.g. calibrated): both DP optima (length,
     cuts, pruned and unpruned), whether the cuts change, the methods' mean gaps, rank order (1 = best,
-    ties share the lower rank) and Kendall's tau-b between the two rankings (scipy)."""
+    ties share the lower rank) and Kendall's tau-b between the two rankings (scipy). ``regret``: how much
+    longer ``a``'s optimal cuts run under ``b``'s op model than ``b``'s own optimum (what planning with
+    the wrong model costs; both profiles rebuilt here)."""
     from scipy.stats import kendalltau, rankdata
+
+    from archplace.hardware.presets import v100_servers
+    from archplace.simulators.pipeline import evaluate
+
+    by_key = {c.key: c for c in cases("all")}
 
     na, nb = a.get("op_model") or "default", b.get("op_model") or "default"
     rows_a = {r["key"]: r for r in a["rows"]}
@@ -406,7 +413,7 @@ def compare(a: dict, b: dict) -> dict:
     out: dict = {"a": na, "b": nb, "cases": {}}
     lines = [f"{na} vs {nb}: DP optimum L* (s) and cuts; methods ranked by mean gap to their own optimum "
              f"({', '.join(methods)}; 1 = best; tau = Kendall tau-b)"]
-    n_cut, n_full, n_best, n_order, taus = 0, 0, 0, 0, []
+    n_cut, n_full, n_best, n_order, taus, regrets = 0, 0, 0, 0, [], []
     for rb in b["rows"]:
         ra = rows_a.get(rb["key"])
         if ra is None:
@@ -422,9 +429,18 @@ def compare(a: dict, b: dict) -> dict:
             c[f"unpruned_cuts_{nb}"] = db["unpruned"]["cuts"]
             n_full += c["unpruned_cuts_change"]
         n_cut += c["cuts_change"]
-        la, lb = c[f"L_{na}"] or float("nan"), c[f"L_{nb}"] or float("nan")
-        line = (f"  {rb['case']:15s} L* {la:.4f} -> {lb:.4f}"
+        la, lb = c[f"L_{na}"], c[f"L_{nb}"]
+        line = (f"  {rb['case']:15s} L* {'OOM' if la is None else f'{la:.4f}'} -> "
+                f"{'OOM' if lb is None else f'{lb:.4f}'}"
                 f"  cuts {da['cuts']} -> {db['cuts']}{' (changed)' if c['cuts_change'] else ''}")
+        if c["cuts_change"] and la is not None and lb is not None:
+            case = by_key[rb["key"]]
+            prof_b, _ = op_model_profile(case.model, b.get("op_model"))
+            r = evaluate(prof_b, v100_servers(case.servers), np.asarray([da["cuts"]], dtype=np.int64))
+            c["regret"] = None if bool(r.oom[0]) else float(r.length_s[0]) / lb - 1.0
+            regrets.append(c["regret"])
+            line += (f"; {na}'s cuts under {nb}: " + ("OOM" if c["regret"] is None else
+                                                      f"{float(r.length_s[0]):.4f} s ({c['regret']:+.2%})"))
         if not (ra.get("infeasible") or rb.get("infeasible")):
             ga = [_mean_gap(ra.get(m)) for m in methods]
             gb = [_mean_gap(rb.get(m)) for m in methods]
@@ -450,10 +466,12 @@ def compare(a: dict, b: dict) -> dict:
     n = len(out["cases"])
     out["summary"] = {"cases": n, "dp_cuts_change": n_cut, "unpruned_dp_cuts_change": n_full,
                       "best_method_changes": n_best, "rank_order_changes": n_order,
-                      "kendall_tau_b_mean": float(np.mean(taus)) if taus else None}
+                      "kendall_tau_b_mean": float(np.mean(taus)) if taus else None,
+                      "regret_max": max((x for x in regrets if x is not None), default=None)}
     lines.append(f"  DP cuts change on {n_cut}/{n} cases (unpruned optimum: {n_full}/{n}); best method "
                  f"changes on {n_best}, rank order on {n_order}; Kendall tau-b mean "
-                 f"{out['summary']['kendall_tau_b_mean']} over the {len(taus)} cases where it is defined")
+                 f"{out['summary']['kendall_tau_b_mean']} over the {len(taus)} cases where it is defined; "
+                 f"{na}'s optimal cuts lose at most {out['summary']['regret_max']} under {nb}")
     out["lines"] = lines
     return out
 
