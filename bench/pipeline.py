@@ -40,6 +40,22 @@ run resumes and a code change re-runs. Writes ``bench/results/pipeline.{json,txt
 
     python bench/pipeline.py                                  # everything (about 1 h on 2 cores)
     python bench/pipeline.py --cases table7 --methods dqn     # a subset
+
+**Op models (issue 30).** ``--op-model roofline|calibrated`` times each op of the V100 graph with
+``simulators/gpu_ops.py`` (the V100 at fp16, Auto-MAP's; no V100 measurement exists, so ``calibrated``
+scales the H200's efficiencies by peak ratios and says so in ``op_model``) and hands the times to
+``profile_from_graph`` as ``op_times``, as ``archplace pipeline --op-model`` does; the cluster (V100
+servers, NVLink, 25 Gbps) stays. Without the flag: the profile as before (``model_profile``, the
+roofline; ``--op-model roofline`` gives the same times through ``gpu_op_times``). The op model is part of
+the cache key and the code version then covers ``gpu_ops`` / ``gpus``. ``--compare OTHER.json`` (a run of
+the same cases under another op model) adds per case both optima (cuts, length), whether the DP's cuts
+change, the methods' mean gaps under each, their rank order and Kendall's tau-b.
+
+The issue-30 re-run (budgets fixed here before any result was seen): ``--cases table7 --methods
+argmax,argmax-eps,random`` with seeds 0, 1, 2 and 250 plans (as above), once per op model; the DQN with
+seed 0 only and ``--no-random-wall``, on both op models, only if the cheap runs and the GDP re-run are done
+by 13:20 UTC (2 shared cores); no nolook / n3. Results: ``bench/results/pipeline_calibrated_v100*``
+(``_roofline`` for the roofline side, ``_runs.json`` the cache).
 """
 
 from __future__ import annotations
@@ -85,46 +101,65 @@ def cases(which: str) -> list[Case]:
     return {"table7": t7, "large": large, "all": t7 + large}[which]
 
 
-def _setup(case: Case):
+def op_model_profile(model: str, op_model: str | None):
+    """(pipeline profile, op-model note) of a model preset at micro-batch 16 on the V100 (fp16): the
+    profile of ``model_profile`` when ``op_model`` is None, else with op times from ``gpu_op_times``."""
+    from archplace.algorithms.rl.pipeline_plan import model_profile, training_setup
+    from archplace.hardware.presets import V100
+    from archplace.simulators.gpu_ops import gpu_op_times
+    from archplace.simulators.pipeline import PipelineSetup, profile_from_graph
+    from archplace.workloads.models import build_graph
+
+    if op_model is None:
+        return model_profile(model), None
+    g = build_graph(model, mbs=PipelineSetup().micro_batch)
+    fwd = ~g.nodes["is_backward"]
+    params = float(g.nodes["weight_bytes"][fwd].sum()) / int(g.meta.get("bytes_per_element", 2))
+    times = gpu_op_times(g, V100.spec, dtype=V100.dtype, op_model=op_model)
+    return profile_from_graph(g, V100, training_setup(model, params), times.time_s), times.to_dict()
+
+
+def _setup(case: Case, op_model: str | None = None):
     from archplace.algorithms.rl.pipeline_env import PipelineCutEnv
-    from archplace.algorithms.rl.pipeline_plan import model_profile
     from archplace.algorithms.solvers.pipeline_exact import candidate_pivots
     from archplace.hardware.presets import v100_servers
 
-    prof = model_profile(case.model)
+    prof, note = op_model_profile(case.model, op_model)
     cl = v100_servers(case.servers)
     cand = candidate_pivots(prof, cl, case.stages, 3 if case.pruned else None)
     env_opts = {"max_stages": 16} if case.stages > 8 else {}
     env = PipelineCutEnv({"profile": prof, "cluster": cl, "num_stages": case.stages, "candidates": cand,
                           **env_opts})
-    return prof, cl, cand, env, env_opts
+    return prof, cl, cand, env, env_opts, note
 
 
-def run_dp(case: Case) -> dict:
+def run_dp(case: Case, op_model: str | None = None) -> dict:
     from archplace.algorithms.solvers.pipeline_dp import solve_dp
 
-    prof, cl, cand, env, _ = _setup(case)
+    prof, cl, cand, env, _, note = _setup(case, op_model)
     t0 = time.perf_counter()
     dp = solve_dp(prof, cl, case.stages, candidates=cand if case.pruned else None)
     rec = {"length_s": dp.length_s, "oom": bool(dp.oom), "optimal": bool(dp.optimal),
            "cuts": dp.cuts.tolist(), "wall_s": time.perf_counter() - t0, "actions": len(env.pivots),
-           "candidates_per_cut": [len(c) for c in cand.per_cut], "ops": prof.num_ops}
+           "candidates_per_cut": [len(c) for c in cand.per_cut], "ops": prof.num_ops,
+           "op_model": note}
     if case.pruned:
         t0 = time.perf_counter()
         full = solve_dp(prof, cl, case.stages)
         rec["unpruned"] = {"length_s": full.length_s, "oom": bool(full.oom), "optimal": bool(full.optimal),
-                           "wall_s": time.perf_counter() - t0}
+                           "cuts": full.cuts.tolist(), "wall_s": time.perf_counter() - t0}
     return rec
 
 
-def run_method(case: Case, seed: int, method: str, plans: int, random_wall: bool = True) -> dict:
+def run_method(case: Case, seed: int, method: str, plans: int, random_wall: bool = True,
+               op_model: str | None = None) -> dict:
     """One search of ``plans`` simulator calls; DQN variants also time the equal-wall random baseline."""
     import torch
 
     from archplace.algorithms.rl.pipeline_rules import lookahead_rule, random_plans
 
     torch.set_num_threads(1)
-    prof, cl, cand, env, env_opts = _setup(case)
+    prof, cl, cand, env, env_opts, _ = _setup(case, op_model)
     if method in DQN_VARIANTS:
         from archplace.algorithms.rl.pipeline_dqn import dqn_search
 
@@ -250,12 +285,19 @@ def main() -> None:
                     help="skip the equal-wall-time random search after each DQN (it doubles a DQN task)")
     ap.add_argument("--cache", default=str(RESULTS / "pipeline_eval_runs.json"))
     ap.add_argument("--out", default=str(RESULTS / "pipeline"))
+    ap.add_argument("--op-model", default=None, choices=("roofline", "calibrated"),
+                    help="time the V100 ops with simulators/gpu_ops.py (default: the profile as before)")
+    ap.add_argument("--compare", default=None,
+                    help="a pipeline.py JSON of the same cases under another op model: adds per case both "
+                         "optima, the DP cuts and the methods' rankings with Kendall's tau")
     args = ap.parse_args()
     load0 = os.getloadavg()
     methods = args.methods.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     todo_cases = [c for c in cases(args.cases) if args.models is None or c.model in args.models.split(",")]
-    version = code_version(*CODE)
+    extra = ("archplace.simulators.gpu_ops", "archplace.hardware.gpus") if args.op_model else ()
+    version = code_version(*CODE, *extra)
+    tag = f"|{args.op_model}" if args.op_model else ""
     cache_path = Path(args.cache)
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
 
@@ -266,9 +308,9 @@ def main() -> None:
     m_task = ray.remote(num_cpus=1, max_retries=0)(run_method)
     pending: dict = {}
     for case in todo_cases:
-        k = f"{version}|{case.key}|dp"
+        k = f"{version}|{case.key}{tag}|dp"
         if k not in cache:
-            pending[dp_task.remote(case)] = k
+            pending[dp_task.remote(case, args.op_model)] = k
     dps = {}
     # DP first: a case whose every plan runs out of memory has nothing for the searches to find
     while pending:
@@ -278,7 +320,7 @@ def main() -> None:
             cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command()}
             cache_path.write_text(json.dumps(cache))
     for case in todo_cases:
-        dps[case] = cache[f"{version}|{case.key}|dp"]
+        dps[case] = cache[f"{version}|{case.key}{tag}|dp"]
     for case in todo_cases:
         if dps[case]["oom"]:
             continue
@@ -286,9 +328,10 @@ def main() -> None:
             for m in methods:
                 if m == "argmax" and seed != seeds[0]:
                     continue  # deterministic
-                k = f"{version}|{case.key}|seed{seed}|{m}|plans{args.plans}"
+                k = f"{version}|{case.key}{tag}|seed{seed}|{m}|plans{args.plans}"
                 if k not in cache and not args.no_run:
-                    pending[m_task.remote(case, seed, m, args.plans, not args.no_random_wall)] = k
+                    pending[m_task.remote(case, seed, m, args.plans, not args.no_random_wall,
+                                          args.op_model)] = k
     t0 = time.perf_counter()
     n = len(pending)
     while pending:
@@ -306,7 +349,7 @@ def main() -> None:
         runs: dict[str, dict[int, dict]] = {}
         for m in methods:
             for seed in seeds:
-                k = f"{version}|{case.key}|seed{seed}|{m}|plans{args.plans}"
+                k = f"{version}|{case.key}{tag}|seed{seed}|{m}|plans{args.plans}"
                 if k in cache:
                     runs.setdefault(m, {})[seed] = cache[k]
         rows.append(summarise(case, dps[case], runs))
@@ -330,12 +373,107 @@ def main() -> None:
     if any("dqn" in r for r in feas):
         a, b = count("dqn", "random_wall_gap")
         lines.append(f"  random at the DQN's wall time: {a}/{b}")
+    res = {"git": git_state(), "command": command(), "machine": machine(load0), "code_version": version,
+           "op_model": args.op_model, "plans": args.plans, "seeds": seeds, "methods": methods, "rows": rows}
+    if args.op_model:
+        lines.insert(0, f"\nop model {args.op_model}: {rows[0]['dp'].get('op_model', {}).get('note')}")
+    if args.compare:
+        res["comparison"] = compare(json.loads(Path(args.compare).read_text()), res)
+        res["comparison"]["other_file"] = args.compare
+        lines += [""] + res["comparison"]["lines"]
     summary = "\n".join(lines)
     print("\n" + txt + summary)
     Path(args.out + ".txt").write_text(txt + summary + "\n")
-    Path(args.out + ".json").write_text(json.dumps({
-        "git": git_state(), "command": command(), "machine": machine(load0), "code_version": version,
-        "plans": args.plans, "seeds": seeds, "methods": methods, "rows": rows}, indent=1))
+    Path(args.out + ".json").write_text(json.dumps(res, indent=1))
+
+
+def _mean_gap(row: dict | None) -> float:
+    """A method's mean best gap over its seeds (inf if a seed found no plan that fits)."""
+    if row is None or any(g is None for g in row["best_gap"]):
+        return float("inf")
+    return float(np.mean(row["best_gap"]))
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Per case, run ``a`` (e.g. roofline) against run ``b`` (e.g. calibrated): both DP optima (length,
+    cuts, pruned and unpruned), whether the cuts change, the methods' mean gaps, rank order (1 = best,
+    ties share the lower rank) and Kendall's tau-b between the two rankings (scipy). ``regret``: how much
+    longer ``a``'s optimal cuts run under ``b``'s op model than ``b``'s own optimum (what planning with
+    the wrong model costs; both profiles rebuilt here)."""
+    from scipy.stats import kendalltau, rankdata
+
+    from archplace.hardware.presets import v100_servers
+    from archplace.simulators.pipeline import evaluate
+
+    by_key = {c.key: c for c in cases("all")}
+
+    na, nb = a.get("op_model") or "default", b.get("op_model") or "default"
+    rows_a = {r["key"]: r for r in a["rows"]}
+    methods = [m for m in b["methods"] if m in a["methods"]]
+    out: dict = {"a": na, "b": nb, "cases": {}}
+    lines = [f"{na} vs {nb}: DP optimum L* (s) and cuts; methods ranked by mean gap to their own optimum "
+             f"({', '.join(methods)}; 1 = best; tau = Kendall tau-b)"]
+    n_cut, n_full, n_best, n_order, taus, regrets = 0, 0, 0, 0, [], []
+    for rb in b["rows"]:
+        ra = rows_a.get(rb["key"])
+        if ra is None:
+            continue
+        da, db = ra["dp"], rb["dp"]
+        c: dict = {"case": rb["case"], f"L_{na}": None if da["oom"] else da["length_s"],
+                   f"L_{nb}": None if db["oom"] else db["length_s"], f"cuts_{na}": da["cuts"],
+                   f"cuts_{nb}": db["cuts"],
+                   "cuts_change": da["cuts"] != db["cuts"] or da["oom"] != db["oom"]}
+        if "unpruned" in da and "unpruned" in db and "cuts" in da["unpruned"] and "cuts" in db["unpruned"]:
+            c["unpruned_cuts_change"] = da["unpruned"]["cuts"] != db["unpruned"]["cuts"]
+            c[f"unpruned_cuts_{na}"] = da["unpruned"]["cuts"]
+            c[f"unpruned_cuts_{nb}"] = db["unpruned"]["cuts"]
+            n_full += c["unpruned_cuts_change"]
+        n_cut += c["cuts_change"]
+        la, lb = c[f"L_{na}"], c[f"L_{nb}"]
+        line = (f"  {rb['case']:15s} L* {'OOM' if la is None else f'{la:.4f}'} -> "
+                f"{'OOM' if lb is None else f'{lb:.4f}'}"
+                f"  cuts {da['cuts']} -> {db['cuts']}{' (changed)' if c['cuts_change'] else ''}")
+        if c["cuts_change"] and la is not None and lb is not None:
+            case = by_key[rb["key"]]
+            prof_b, _ = op_model_profile(case.model, b.get("op_model"))
+            r = evaluate(prof_b, v100_servers(case.servers), np.asarray([da["cuts"]], dtype=np.int64))
+            c["regret"] = None if bool(r.oom[0]) else float(r.length_s[0]) / lb - 1.0
+            regrets.append(c["regret"])
+            line += (f"; {na}'s cuts under {nb}: " + ("OOM" if c["regret"] is None else
+                                                      f"{float(r.length_s[0]):.4f} s ({c['regret']:+.2%})"))
+        if not (ra.get("infeasible") or rb.get("infeasible")):
+            ga = [_mean_gap(ra.get(m)) for m in methods]
+            gb = [_mean_gap(rb.get(m)) for m in methods]
+            rka = [int(x) for x in rankdata(ga, method="min")]
+            rkb = [int(x) for x in rankdata(gb, method="min")]
+            big = 1e30
+            tau = kendalltau([g if np.isfinite(g) else big for g in ga],
+                             [g if np.isfinite(g) else big for g in gb])
+            tau_v = float(tau.statistic) if np.isfinite(tau.statistic) else None
+            best_a = sorted(m for m, r in zip(methods, rka) if r == 1)
+            best_b = sorted(m for m, r in zip(methods, rkb) if r == 1)
+            c.update({f"mean_gap_{na}": ga, f"mean_gap_{nb}": gb, f"rank_{na}": rka, f"rank_{nb}": rkb,
+                      "kendall_tau_b": tau_v, f"best_{na}": best_a, f"best_{nb}": best_b,
+                      "best_changes": best_a != best_b, "order_changes": rka != rkb})
+            n_best += best_a != best_b
+            n_order += rka != rkb
+            taus += [tau_v] if tau_v is not None else []
+            tau_s = "n/a (all tied)" if tau_v is None else f"{tau_v:.3f}"
+            line += (f"\n  {'':15s} gaps % {na} {[round(100 * g, 2) for g in ga]} {nb} "
+                     f"{[round(100 * g, 2) for g in gb]}  ranks {rka} -> {rkb}  tau {tau_s}")
+        out["cases"][rb["key"]] = c
+        lines.append(line)
+    n = len(out["cases"])
+    out["summary"] = {"cases": n, "dp_cuts_change": n_cut, "unpruned_dp_cuts_change": n_full,
+                      "best_method_changes": n_best, "rank_order_changes": n_order,
+                      "kendall_tau_b_mean": float(np.mean(taus)) if taus else None,
+                      "regret_max": max((x for x in regrets if x is not None), default=None)}
+    lines.append(f"  DP cuts change on {n_cut}/{n} cases (unpruned optimum: {n_full}/{n}); best method "
+                 f"changes on {n_best}, rank order on {n_order}; Kendall tau-b mean "
+                 f"{out['summary']['kendall_tau_b_mean']} over the {len(taus)} cases where it is defined; "
+                 f"{na}'s optimal cuts lose at most {out['summary']['regret_max']} under {nb}")
+    out["lines"] = lines
+    return out
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ calibrated op model measures its own floor instead (``simulators/gpu_ops.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -68,6 +68,12 @@ class GPUSpec:
                 raise ValueError(f"gpu {self.name!r} field {f!r} is {getattr(self, f)!r}, must be > 0")
         if not (self.nvlink_bytes_per_s >= 0 and self.launch_s >= 0):
             raise ValueError(f"gpu {self.name!r} fields 'nvlink_bytes_per_s' and 'launch_s' must be >= 0")
+
+    def __reduce__(self):
+        # a mappingproxy neither pickles nor deep-copies; RLlib deep-copies its env config (which holds the
+        # pipeline cluster, its GPU and this spec), and Ray pickles it: rebuild from a plain dict
+        return (type(self), tuple(dict(v) if isinstance(v, MappingProxyType) else v
+                                  for v in (getattr(self, f.name) for f in fields(self))))
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s of a GEMM in ``dtype``."""
