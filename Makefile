@@ -18,10 +18,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
-	# three workers on two cores, whole files each (module fixtures such as test_platform's baseline search
-	# run once): many tests wait on Ray clusters, services and subprocesses, so a third worker fills the idle
-	# core-time (issue 28: the suite under 15 minutes from a fresh clone)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=30
+	# two workers, whole files each (module fixtures such as test_platform's baseline search run once); a
+	# third worker was no faster from a fresh clone (21:08 against 20:14 with two) and loads the machine more
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
