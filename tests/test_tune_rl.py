@@ -46,8 +46,9 @@ def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, t
 
 def test_partition_reads_a_config(ray_session, tmp_path, capsys):
     cfg = tmp_path / "best.yaml"
-    cfg.write_text(yaml.safe_dump({"ppo": {"lr": 5.0e-3, "num_epochs": 2}, "model": {"hidden": 16,
-                                                                                      "num_layers": 2}}))
+    # one 16-sample iteration (4 episodes x 4 rounds) of a small GNN: the test is that the YAML is read
+    cfg.write_text(yaml.safe_dump({"ppo": {"lr": 5.0e-3, "num_epochs": 2, "episodes_per_iteration": 4},
+                                   "model": {"hidden": 16, "num_layers": 2}}))
     rc = main(["partition", "bert-base", "--seq", "128", "--chiplets", "16", "--algo", "ppo",
                "--budget", "16", "--config", str(cfg), "--json"])
     assert rc == 0
