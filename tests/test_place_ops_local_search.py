@@ -140,7 +140,7 @@ def test_invalid_start_is_searched_to_a_valid_placement(search):
     p = problem([1e-3] * 8, [0, 1, 2, 4, 5, 6], [1, 2, 3, 5, 6, 7], resident=np.full(8, 1e9), memory=6e9)
     single = np.zeros(8, np.int64)
     assert not simulate(p, single).valid
-    r = search(p, {"single": single}, 300, seed=0)
+    r = search(p, {"single": single}, 500, seed=0)
     assert not r.start_valid and r.valid
     assert r.step_time_s == pytest.approx(brute_force(p))
 
