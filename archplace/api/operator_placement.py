@@ -1,8 +1,10 @@
 """Every operator of a model's training step on one of the GPUs of one machine (``archplace place-ops``,
 GDP): fast placers (METIS, Baechi's m-TOPO / m-ETF / m-SCT, human-expert-like, random), the exact
-CP-SAT placement for small graphs, and the GDP policy (PPO, on Ray). Every placement is scored by the
-event-driven simulator (``simulators/gpu_placement.py``); an invalid one says why. ``machine`` is one of
-the GDP-era machines or any GPU preset of ``hardware/gpus.py`` (N of them on NVLink); ``op_model`` /
+CP-SAT placement for small graphs, the GDP policy (PPO, on Ray), and two local searches with the
+simulator started from the best fast placer (simulated annealing, neighbourhood search: ``sa``, ``lns``;
+``algorithms/search/placement_local_search.py``). Every placement is scored by the event-driven
+simulator (``simulators/gpu_placement.py``); an invalid one says why. ``machine`` is one of the GDP-era
+machines or any GPU preset of ``hardware/gpus.py`` (N of them on NVLink); ``op_model`` /
 ``dtype`` / ``profile`` choose how each op is timed (``simulators/gpu_ops.py``; default: the GPU's default
 op model in fp32, which for the P100 / V100 machines is the roofline they always had)."""
 
@@ -31,7 +33,13 @@ from ._common import (
 )
 
 PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact", "gdp",
-                   "gdp-pretrained")
+                   "gdp-pretrained", "sa", "lns")
+# sa / lns start from the fastest valid placement of these (each one simulated once, counted in the budget)
+LOCAL_SEARCH_STARTS = ("human", "metis", "m-topo", "m-etf", "m-sct")
+LOCAL_SEARCH_ALGOS = ("sa", "lns")
+DEFAULT_BUDGET_S = 30.0
+DEFAULT_BUDGET_CALLS = 2000
+MAX_BUDGET_CALLS = 10_000_000
 MACHINES = ("a100-40gb", "a100-80gb", "h100-sxm", "h200", "p100-pcie", "v100-nvlink", "v100-sxm2")
 
 
@@ -43,7 +51,9 @@ class PlaceOpsRequest(Request):
     machine: str = "p100-pcie"
     batch: int | None = None        # the preset's batch size by default
     seed: int = 0
-    budget: float = 30.0            # exact: the CP-SAT time limit; gdp*: PPO's wall time (seconds)
+    # exact: the CP-SAT time limit, gdp*: PPO's wall time, in seconds (None: 30); sa, lns: simulator calls,
+    # the start candidates' included (None: 2000)
+    budget: float | None = None
     pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp_pretrain.py (.npz)
     zero_shot: bool = False         # gdp-pretrained: the pre-trained policy's placement, no updates
     op_model: str | None = None     # roofline | calibrated | profiled (None: the machine GPU's default)
@@ -55,6 +65,13 @@ class PlaceOpsRequest(Request):
         """Whether the op times or the machine are new (the JSON then says which op model ran)."""
         return self.machine not in ("p100-pcie", "v100-nvlink") or \
             any(x is not None for x in (self.op_model, self.dtype, self.profile))
+
+    @property
+    def budget_value(self) -> float:
+        """``budget``, or its default for ``algo`` (seconds, or simulator calls for sa / lns)."""
+        if self.budget is not None:
+            return float(self.budget)
+        return float(DEFAULT_BUDGET_CALLS if self.algo in LOCAL_SEARCH_ALGOS else DEFAULT_BUDGET_S)
 
     @property
     def needs_ray(self) -> bool:
@@ -73,9 +90,16 @@ class PlaceOpsRequest(Request):
         check_gpu_fields(None, self.op_model, self.dtype, self.profile)
         check_int("batch", self.batch, optional=True)
         check_int("seed", self.seed, low=0)
-        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or \
-                not 0 < self.budget <= 86400:
-            raise invalid("budget", f"must be seconds in (0, 86400], got {self.budget!r}")
+        b = self.budget
+        if self.algo in LOCAL_SEARCH_ALGOS:
+            low = len(LOCAL_SEARCH_STARTS)
+            if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or
+                                  not float(b).is_integer() or not low <= b <= MAX_BUDGET_CALLS):
+                raise invalid("budget", f"for algo {self.algo} is simulator calls: a whole number in [{low}, "
+                                        f"{MAX_BUDGET_CALLS}] (the {low} fast placers' start evaluations "
+                                        f"count), got {b!r}")
+        elif b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 86400):
+            raise invalid("budget", f"must be seconds in (0, 86400], got {b!r}")
         check_optional_str("pretrained", self.pretrained)
         check_bool("zero_shot", self.zero_shot)
         if (self.algo == "gdp-pretrained") != (self.pretrained is not None):
@@ -141,7 +165,7 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
     if req.algo == "exact":
         from ..algorithms.solvers.gdp_exact import exact_placement
 
-        ex = exact_placement(problem, time_limit_s=float(req.budget), seed=req.seed)
+        ex = exact_placement(problem, time_limit_s=req.budget_value, seed=req.seed)
         placement = ex.placement
         details.update({"solver_status": ex.status, "gap": ex.gap, "lower_bound_s": ex.lower_bound_s,
                         "model_step_time_s": ex.model_step_time_s})
@@ -155,7 +179,7 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
 
         state = load_state(req.pretrained)[0] if req.pretrained else None
         run = gdp_train([GDPGraph(problem, node_features(g)[0], req.model)], seed=req.seed, init_state=state,
-                        time_limit_s=float(req.budget), iterations=0 if req.zero_shot else None)
+                        time_limit_s=req.budget_value, iterations=0 if req.zero_shot else None)
         # the answer is the faster valid one of the best sampled placement (GDP's, spec §9) and the greedy
         # policy's argmax placement (both simulated); zero-shot has only the latter. Both are reported.
         use_best = run.best_placement[0] is not None and not req.zero_shot and \
@@ -168,6 +192,8 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
                         "result_is": "best seen" if use_best else "greedy policy",
                         "mode": "zero-shot" if req.zero_shot else
                         ("fine-tuned" if state else "from scratch")})
+    elif req.algo in LOCAL_SEARCH_ALGOS:
+        placement = _local_search(req, g, problem, details)
     else:
         placement = gdp_baselines.BASELINES[req.algo](problem, seed=req.seed)
     details["placement_wall_s"] = time.perf_counter() - t_place
@@ -187,3 +213,22 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
         wall_s=time.perf_counter() - t0)
     steps.done(step_time_s=r.step_time_s, valid=r.valid)
     return res
+
+
+def _local_search(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> np.ndarray:
+    """``sa`` / ``lns``: the fast placers' placements as starts, the search, and what it reports. The
+    answer's own simulation below (and the one-GPU reference every algo reports) is not a search call."""
+    from ..algorithms.search import gdp_baselines
+    from ..algorithms.search.placement_local_search import SEARCHES
+
+    starts = {name: gdp_baselines.human_from_graph(g, problem) if name == "human" else
+              gdp_baselines.BASELINES[name](problem, seed=req.seed) for name in LOCAL_SEARCH_STARTS}
+    run = SEARCHES[req.algo](problem, starts, int(req.budget_value), seed=req.seed)
+    details.update({
+        "start_algo": run.start_algo, "start_step_time_s": run.start_step_time_s,
+        "start_valid": run.start_valid, "start_step_times_s": run.start_step_times_s,
+        "speedup_over_start": run.speedup_over_start, "simulator_calls": run.simulator_calls,
+        "budget_calls": run.budget, "search_steps": run.steps, "accepted_moves": run.accepted_moves,
+        "improvements": run.improvements,
+        "best_trace": [[c, t] for c, t in run.best_trace]})
+    return run.placement

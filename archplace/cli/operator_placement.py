@@ -38,6 +38,13 @@ def print_place_ops(res: dict[str, Any]) -> None:
         print(f"  GDP          {res['mode']}: {res['samples']} placements in {res['ppo_iterations']} PPO "
               f"iterations; the result is the {res['result_is']}; the greedy policy's placement: "
               f"{g * 1e3:.2f} ms{'' if res['greedy_policy_valid'] else ' (invalid)'}")
+    if "start_algo" in res:
+        sp = res["speedup_over_start"]
+        print(f"  search       from {res['start_algo']} ({res['start_step_time_s'] * 1e3:.2f} ms"
+              f"{'' if res['start_valid'] else ', invalid'}): "
+              + (f"{sp:.3f}x faster" if sp else "no speed-up")
+              + f"; {res['simulator_calls']} of {res['budget_calls']} simulator calls, "
+                f"{res['accepted_moves']} moves accepted in {res['search_steps']} steps")
     if res.get("op_model"):
         om = res["op_model"]
         print(f"  op model     {om['op_model']}, {om['dtype']}: {om['note']}")
@@ -59,8 +66,10 @@ def add_place_ops_parser(sub) -> None:
                     help="p100-pcie, v100-nvlink (GDP's era), or a GPU preset: N of it on NVLink")
     add_op_model_args(po, "fp32 (GDP's TensorFlow graphs)")
     po.add_argument("--batch", type=int, default=None)
-    po.add_argument("--budget", type=float, default=30.0,
-                    help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds")
+    po.add_argument("--budget", type=float, default=None,
+                    help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds (default 30); "
+                         "sa, lns: simulator calls, the 5 fast placers' start evaluations included "
+                         "(default 2000)")
     po.add_argument("--pretrained", default=None, help="gdp-pretrained: policy weights (.npz)")
     po.add_argument("--zero-shot", action="store_true",
                     help="gdp-pretrained: the pre-trained policy's placement, no updates")
