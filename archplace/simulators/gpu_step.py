@@ -18,6 +18,7 @@ import numpy as np
 
 from ..hardware.gpus import GPUSpec
 from ..workloads.graph import OpGraph
+from ..workloads.ops import DTYPE_BYTES
 from .gpu_ops import OpTimes, gpu_op_times
 
 # Shared memory per thread block (bytes), from the architecture whitepapers:
@@ -38,7 +39,6 @@ SRAM_BYTES: dict[str, int] = {
     "h100-sxm": 227 * 1024,
     "h200": 227 * 1024,
 }
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # bytes per element of the training precision
 
 
 def sram_bytes(gpu: GPUSpec) -> int:

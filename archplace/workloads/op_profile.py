@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .ops import DTYPE_BYTES
+
 if TYPE_CHECKING:
     from .graph import OpGraph
 
 PROFILE_FORMAT = 1  # bump when the fields change
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
-BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES_PER_ELEMENT = DTYPE_BYTES  # the graph built for a profile uses the dtype's bytes
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 CORE_CLASSES = ("tensor", "vector", "fused", "comm", "none")
+# bytes per element of a training precision: what a graph is built with (``bytes_per_element``)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
