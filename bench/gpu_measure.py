@@ -7,7 +7,8 @@ Runs on the GPU machine (torch, transformers and numpy; no Ray, no archplace ins
 * profiles one training step per graph node with ``archplace.workloads.op_profiler.profile_model``
   (``torch.profiler``, CUDA kernel time per exported op) and saves the profile as ``DIR/NAME.profile.json``,
   the file ``estimate --profile`` / ``place-ops --profile`` / ``pipeline --profile`` read;
-* times the eager model's forward + backward step with transformers' attention implementation
+* times (``--train``: with dropout on, as users train; else in eval mode, as the profiler runs) the
+  eager model's forward + backward step with transformers' attention implementation
   ``eager`` (the score matrix through HBM, as archplace captures it) and ``sdpa`` (PyTorch's fused
   scaled-dot-product attention, FlashAttention-style kernels on Hopper): the median of ``--steps`` steps
   after ``--warmup``, each synchronised around it, on the same seeded weights and inputs, with the same
@@ -39,6 +40,7 @@ CASES = (
     ("opt-350m-b4-s2048", "opt-350m", "bf16", 4, 2048, True, True),
     ("gpt2-xl-b2-s1024", "gpt2-xl", "bf16", 2, 1024, True, True),
     ("llama2-7b-b1-s2048", "llama2-7b", "bf16", 1, 2048, False, True),
+    ("bert-base-b64-s512", "bert-base", "bf16", 64, 512, False, True),
     ("txl-2", "txl-2", "fp32", 1, None, True, False),
     ("inception-v3", "inception-v3", "fp32", 1, None, True, False),
 )
@@ -78,7 +80,7 @@ def _hf_workload(model: str, device: str, dtype: str, mbs: int, seq: int | None)
 
 
 def time_attention(model: str, dtype: str, mbs: int, seq: int | None, device: str, steps: int,
-                   warmup: int, seed: int = 0) -> list[dict]:
+                   warmup: int, seed: int = 0, train: bool = False) -> list[dict]:
     import torch
 
     from archplace.workloads import op_profiler as op
@@ -87,6 +89,8 @@ def time_attention(model: str, dtype: str, mbs: int, seq: int | None, device: st
     if dtype == "fp32" and device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     w = _hf_workload(model, device, dtype, mbs, seq)
+    if train:  # dropout on, as users train and as archplace's training graphs charge it
+        w.module.train()
     with torch.no_grad():
         outs = op._leaves(w.module(*w.args, **w.kwargs))
         shapes = [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
@@ -113,7 +117,8 @@ def time_attention(model: str, dtype: str, mbs: int, seq: int | None, device: st
                 times.append(time.perf_counter() - s)
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
         rows.append({"attention": impl, "reported_attention": got, "step_s": statistics.median(times),
-                     "steps_s": times, "peak_memory_bytes": peak, "mbs": mbs, "seq": w.seq})
+                     "steps_s": times, "peak_memory_bytes": peak, "mbs": mbs, "seq": w.seq,
+                     "mode": "train" if train else "eval"})
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
     del w
@@ -128,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--train", action="store_true",
+                    help="attention timings with dropout on (train mode); the profiles stay in eval mode")
+    ap.add_argument("--no-profile", action="store_true", help="attention timings only")
     a = ap.parse_args(argv)
     import torch
 
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             mbs, seq = QUICK[model]
         print(f"== {name}", flush=True)
-        if prof:
+        if prof and not a.no_profile:
             t0 = time.perf_counter()
             try:
                 p = op.profile_model(model, device=a.device, dtype=dtype, mbs=mbs, seq=seq, steps=a.steps,
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if att:
             t0 = time.perf_counter()
             try:
-                for r in time_attention(model, dtype, mbs, seq, a.device, a.steps, a.warmup):
+                for r in time_attention(model, dtype, mbs, seq, a.device, a.steps, a.warmup,
+                                        train=a.train):
                     doc["rows"].append({"case": name, "model": model, "dtype": dtype, **r})
                     print(f"   {r['attention']} ({r['reported_attention']}): {r['step_s'] * 1e3:.2f} ms",
                           flush=True)
