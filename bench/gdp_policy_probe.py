@@ -2,9 +2,11 @@
 
     python bench/gdp_policy_probe.py [--graphs txl-2,rnnlm-2,inception-v3] [--seeds 0,1,2] [--out FILE]
 
-For each graph and seed, a freshly initialised :class:`GDPPolicy` (default config, ``torch.manual_seed(seed)``)
-is run once on the graph as the GDP env presents it (``bench/gdp.py`` ``build``: nodes in topological order,
-``node_features``). Reported per GraphSAGE layer (the tensors of :meth:`GDPPolicy.embed_layers`):
+For each graph and seed, a freshly initialised :class:`GDPPolicy` (default config, or ``--policy JSON``
+overrides, e.g. ``'{"sage_norm": "l2", "skip": false}'`` for the paper's GraphSAGE;
+``torch.manual_seed(seed)``) is run once on the graph as the GDP env presents it (``bench/gdp.py``
+``build``: nodes in topological order, ``node_features``). Reported per GraphSAGE layer (the tensors of
+:meth:`GDPPolicy.embed_layers`):
 
 * ``rel_spread``: RMS distance of the node embeddings to their centroid over their RMS norm (scale free:
   0 = every node has the same embedding; the L2-normalised layers have norm 1, so there it is the
@@ -59,14 +61,14 @@ def diversity(logits, d: int, seed: int = 0) -> dict:
     return {"logit_std": float(centred.std(0).mean()), "tv": float(tv.mean())}
 
 
-def probe(gg, seed: int) -> dict:
+def probe(gg, seed: int, policy: dict | None = None) -> dict:
     import torch
 
     from archplace.algorithms.rl.gdp_policy import GDPPolicy, GDPPolicyConfig
     from archplace.simulators.gpu_placement import simulate
 
     torch.manual_seed(seed)
-    pol = GDPPolicy(gg.features.shape[1], GDPPolicyConfig()).eval()
+    pol = GDPPolicy(gg.features.shape[1], GDPPolicyConfig(**(policy or {}))).eval()
     x = torch.as_tensor(gg.features)
     ei = torch.as_tensor(gg.edge_index)
     d = gg.problem.num_devices
@@ -90,6 +92,7 @@ def main() -> None:
     ap.add_argument("--graphs", default="txl-2,rnnlm-2,inception-v3")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--machine", default="p100-pcie")
+    ap.add_argument("--policy", default="{}", help="GDPPolicyConfig overrides, JSON")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     load = os.getloadavg()
@@ -102,17 +105,17 @@ def main() -> None:
     for name in args.graphs.split(","):
         gg = build(name, args.machine)[2]
         for s in (int(v) for v in args.seeds.split(",")):
-            r = {"graph": name, "seed": s, "nodes": gg.problem.num_nodes, **probe(gg, s)}
+            r = {"graph": name, "seed": s, "nodes": gg.problem.num_nodes,
+                 **probe(gg, s, json.loads(args.policy))}
             rows.append(r)
-            print(f"{name:13s} seed {s}: layers "
-                  + " | ".join(f"spread {lr['rel_spread']:.3f} cos {lr['cos_to_mean']:.4f}" for lr in r["layers"])
-                  + f" | placer out spread {r['placer_out']['rel_spread']:.3f}"
-                  f" cos {r['placer_out']['cos_to_mean']:.4f}"
-                  + f" || logit std {r['logit_std']:.3f} tv {r['tv']:.3f} busiest {r['busiest_gpu_share']:.3f}"
-                  f" gpus {r['gpus_used']}", flush=True)
+            stats = [*r["layers"], r["placer_out"]]
+            print(f"{name:13s} seed {s}: spread/cos per layer, placer out "
+                  + " | ".join(f"{lr['rel_spread']:.3f} {lr['cos_to_mean']:.4f}" for lr in stats)
+                  + f" || logit std {r['logit_std']:.3f} tv {r['tv']:.3f}"
+                  f" busiest {r['busiest_gpu_share']:.3f} gpus {r['gpus_used']}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({**git_state(), "command": command(), "machine": machine(load),
-                                              "rows": rows}, indent=1))
+                                              "policy": json.loads(args.policy), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
