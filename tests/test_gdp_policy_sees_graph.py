@@ -89,3 +89,55 @@ def test_embeddings_do_not_collapse_through_the_layers(txl2, seed):
     assert all(s > 0.6 and c < 0.8 for s, c in new)
     assert new[-1][0] > 0.8 * new[0][0]  # the third layer keeps most of the first layer's spread
     assert old[-1][0] < 0.05 and old[-1][1] > 0.999 and old[-1][0] < 0.25 * old[0][0]
+
+
+# ------------------------------------------------------------------------------------------ PPO on a split
+LENGTH, OP_S, EDGE_BYTES = 4, 1e-3, 5e6  # 4 ops of 1 ms per chain; a cut edge: 0.5 ms + 10 us latency
+
+
+@pytest.fixture(scope="module")
+def two_chains():
+    """Two independent 4-op chains (1 ms per op) on 2 GPUs, 5 MB per edge over 10 GB/s: the optimum puts
+    one chain on each GPU (4 ms, no transfer); one GPU takes 8 ms. The features are what the policy gets on
+    a real graph for such nodes (``node_features``: constant columns standardise to 0), i.e. the topological
+    rank, depth and height: GraphSAGE alone cannot tell two isomorphic chains apart, the rank can."""
+    from archplace.algorithms.rl.gdp_env import GDPGraph
+    from archplace.simulators.gpu_placement import PlacementProblem
+    from archplace.workloads.gdp_models.features import longest_path_depth
+
+    n = 2 * LENGTH
+    src = np.array([c * LENGTH + i for c in range(2) for i in range(LENGTH - 1)])
+    dst = src + 1
+    p = PlacementProblem([OP_S] * n, [1e5] * n, [0] * n, src, dst, [EDGE_BYTES] * len(src), [-1] * n,
+                         list(range(n)), 2, 1e12, 10e9, 1e-5, "pcie")
+    order = np.arange(n)
+    depth = longest_path_depth(n, src, dst, order)
+    height = longest_path_depth(n, dst, src, order[::-1])
+    feats = np.stack([np.ones(n), order / (n - 1), depth / depth.max(), height / depth.max()], 1)
+    return GDPGraph(p, feats.astype(np.float32), "two-chains")
+
+
+def test_ppo_reaches_the_split_from_a_single_gpu_start(ray_session, two_chains):
+    import itertools
+
+    from archplace.algorithms.rl.gdp_ppo import gdp_train
+    from archplace.simulators.gpu_placement import simulate_batch
+
+    p = two_chains.problem
+    every = np.array(list(itertools.product([0, 1], repeat=p.num_nodes)))  # brute force: all 256
+    r = simulate_batch(p, every)
+    t = np.where(r.valid, r.step_time_s, np.inf)
+    split = {(0,) * LENGTH + (1,) * LENGTH, (1,) * LENGTH + (0,) * LENGTH}
+    assert {tuple(v) for v in every[t <= t.min() + 1e-12]} == split  # the optimum is the split, only it
+    assert t.min() == pytest.approx(LENGTH * OP_S)  # closed form: one chain's compute, nothing sent
+    assert np.sort(t)[2] > 1.1 * t.min()  # every other placement is >10% slower (4.51 ms)
+
+    seed = 1
+    start = gdp_train([two_chains], iterations=0, seed=seed)  # the untrained policy of the same seed
+    assert tuple(start.greedy_placement[0]) not in split
+    assert start.greedy_step_time_s[0] == pytest.approx(2 * LENGTH * OP_S)  # it starts on one GPU
+    run = gdp_train([two_chains], iterations=40, seed=seed, ppo={"lr": 3e-3})  # 640 placements
+    print(f"greedy {start.greedy_placement[0].tolist()} -> {run.greedy_placement[0].tolist()}, "
+          f"{start.greedy_step_time_s[0] * 1e3:.2f} -> {run.greedy_step_time_s[0] * 1e3:.2f} ms")
+    assert tuple(run.greedy_placement[0]) in split
+    assert run.greedy_step_time_s[0] == pytest.approx(t.min())

@@ -42,6 +42,12 @@ episodes GAE would give the batch-standardised raw reward, which is *not* the pa
 ``superposition``); other keys (RLlib's auto-included defaults) are ignored, as are extra observation keys
 (e.g. the env's ``graph``); ``max_devices`` is taken from the action space (a ``max_devices`` key, if
 given, must match it).
+
+Loading weights (:meth:`GDPPlacementModule.set_state`, reached by ``load_module_state`` and so by
+``gdp_train(init_state=...)`` and ``place-ops --algo gdp-pretrained``) requires exactly this module's
+parameter names and shapes and fails with one line naming the first difference (and the node-feature
+width when that is the cause): weights saved by an earlier policy architecture or for other features are
+refused rather than partly loaded.
 """
 
 from __future__ import annotations
