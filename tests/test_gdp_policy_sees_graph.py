@@ -141,3 +141,35 @@ def test_ppo_reaches_the_split_from_a_single_gpu_start(ray_session, two_chains):
           f"{start.greedy_step_time_s[0] * 1e3:.2f} -> {run.greedy_step_time_s[0] * 1e3:.2f} ms")
     assert tuple(run.greedy_placement[0]) in split
     assert run.greedy_step_time_s[0] == pytest.approx(t.min())
+
+
+# ------------------------------------------------------------------------------------------ weights
+def test_module_refuses_weights_of_another_architecture_in_one_line():
+    """Weights saved before issue 31 (no input projection, 41-42 features) must fail loudly: RLlib's own
+    ``set_state`` loads with ``strict=False`` and would keep a fresh input projection."""
+    import gymnasium as gym
+
+    from archplace.algorithms.rl.gdp_module import GDPPlacementModule
+
+    small = {"hidden": 16, "sage_layers": 2, "placer_layers": 1, "heads": 2, "ffn_hidden": 32}
+
+    def module(f: int, **kw) -> GDPPlacementModule:
+        obs = gym.spaces.Dict({"x": gym.spaces.Box(-np.inf, np.inf, (5, f), np.float32),
+                               "edge_index": gym.spaces.Box(-1, 4, (2, 6), np.int64),
+                               "num_nodes": gym.spaces.Box(1, 5, (1,), np.int64),
+                               "num_devices": gym.spaces.Box(1, 8, (1,), np.int64)})
+        torch.manual_seed(0)
+        return GDPPlacementModule(observation_space=obs, action_space=gym.spaces.MultiDiscrete([8] * 5),
+                                  model_config={**small, **kw})
+
+    state = {k: v.numpy() for k, v in module(6).state_dict().items()}
+    target = module(6)
+    target.set_state(state)  # same architecture: loads
+    assert all(torch.equal(v, torch.as_tensor(state[k])) for k, v in target.state_dict().items())
+    with pytest.raises(ValueError, match=r"node features: 6 in the weights, 7 here") as e:
+        module(7).set_state(state)
+    assert "\n" not in str(e.value)
+    old = {k: v.numpy() for k, v in module(6, **PAPER_SAGE).state_dict().items()}
+    with pytest.raises(ValueError, match=r"missing, e.g. policy.in_proj.weight") as e:
+        module(6).set_state(old)
+    assert "\n" not in str(e.value)
