@@ -7,8 +7,8 @@ import numpy as np
 from ..graph import OpGraph
 from ..ops import OP_KINDS
 
-# GDP graphs are captured eager and never hold fused attention (``attention_fusion.py``); leaving that
-# kind out keeps the feature width, so seeded policies and their placements stay as they were
+# GDP graphs are captured eager and never hold fused attention (``attention_fusion.py``); that kind is
+# left out of the one-hot (a column that is 0 on every GDP graph)
 _KIND_NAMES = sorted(k for k in OP_KINDS if k != "attention")
 # the size and degree columns, standardised per graph (z-score over the graph's nodes)
 STANDARDISED = ("z_log1p_output_bytes", "z_log1p_flops", "z_log1p_weight_bytes", "z_log1p_in_degree",
