@@ -264,20 +264,41 @@ def test_node_features():
     x, names = node_features(g)
     kinds = sorted(k for k in OP_KINDS if k != "attention")  # GDP graphs hold no fused attention
     k = len(kinds)
-    assert x.dtype == np.float32 and x.shape == (g.num_nodes, k + 7) and len(names) == k + 7
+    assert x.dtype == np.float32 and x.shape == (g.num_nodes, k + 9) and len(names) == k + 9
     assert names[:k] == [f"kind={n}" for n in kinds]
     assert np.array_equal(x[:, :k].sum(1), np.ones(g.num_nodes, np.float32))
     kinds = np.array(names[:k])[x[:, :k].argmax(1)]
     assert np.array_equal(kinds, np.char.add("kind=", g.nodes["kind"].astype(str)))
-    col = {n: x[:, i] for i, n in enumerate(names)}
-    np.testing.assert_allclose(col["log1p_weight_bytes"], np.log1p(g.nodes["weight_bytes"]), rtol=1e-6)
-    np.testing.assert_allclose(col["log1p_flops"], np.log1p(g.nodes["flops"]), rtol=1e-6)
+    col = {n: x[:, i].astype(np.float64) for i, n in enumerate(names)}
     src, dst = g.edge_pos
-    np.testing.assert_allclose(col["log1p_in_degree"], np.log1p(np.bincount(dst, minlength=g.num_nodes)),
-                               rtol=1e-6)
-    assert np.array_equal(col["is_backward"], g.nodes["is_backward"].astype(np.float32))
+
+    def z(v):
+        v = np.asarray(v, np.float64)
+        return (v - v.mean()) / v.std()
+
+    # sizes and degrees: log1p, standardised over the graph (mean 0, std 1)
+    np.testing.assert_allclose(col["z_log1p_weight_bytes"], z(np.log1p(g.nodes["weight_bytes"])), atol=1e-5)
+    np.testing.assert_allclose(col["z_log1p_flops"], z(np.log1p(g.nodes["flops"])), atol=1e-5)
+    np.testing.assert_allclose(col["z_log1p_in_degree"], z(np.log1p(np.bincount(dst, minlength=g.num_nodes))),
+                               atol=1e-5)
+    for name in ("z_log1p_output_bytes", "z_log1p_flops", "z_log1p_weight_bytes", "z_log1p_in_degree",
+                 "z_log1p_out_degree"):
+        assert abs(col[name].mean()) < 1e-5 and col[name].std() == pytest.approx(1.0, abs=1e-5)
+    assert np.array_equal(col["is_backward"], g.nodes["is_backward"].astype(np.float64))
     rank = col["topo_rank"]
     assert rank.min() == 0.0 and rank.max() == 1.0 and (rank[src] < rank[dst]).all()
+    # depth / height: longest path from a source / to a sink, over the longest path (brute force below)
+    depth, height = col["topo_depth"], col["topo_height"]
+    assert depth.min() == 0.0 and depth.max() == 1.0 and height.min() == 0.0 and height.max() == 1.0
+    assert (depth[src] < depth[dst]).all() and (height[src] > height[dst]).all()
+    longest = np.zeros(g.num_nodes)
+    for _ in range(g.num_nodes):  # Bellman-Ford style relaxation to the fixed point
+        nxt = longest.copy()
+        np.maximum.at(nxt, dst, longest[src] + 1)
+        if np.array_equal(nxt, longest):
+            break
+        longest = nxt
+    np.testing.assert_allclose(depth, longest / longest.max(), atol=1e-6)
     # deterministic, and the same after a Parquet round trip (which keeps the co-location column)
     back = OpGraph.from_arrow(g.to_arrow())
     assert back.equals(g) and np.array_equal(node_features(back)[0], x)

@@ -180,9 +180,14 @@ def test_superposition_parameter_count_closed_form(attention, sizes):
     cond = 2 * h + (h * f + f) + (f * h + h) + (h * gates + gates)  # LN, FFN block, gate layer
     assert n_params(GDPPolicy(F_IN, cfg_on)) - n_params(GDPPolicy(F_IN, cfg_off)) == cond
     if not sizes:  # pin the default sizes reported in the docs
-        sage = (F_IN * h + h) + ((F_IN + h) * h + h) + 2 * ((h * h + h) + (2 * h * h + h))
+        # input projection + LN, 3 x (pool, update, LN between layers)
+        sage = (F_IN * h + h) + 2 * h + 3 * ((h * h + h) + (2 * h * h + h) + 2 * h)
         layer = (4 if attention else 2) * (h * h + h) + 4 * h + (h * f + f) + (f * h + h)
         assert n_params(GDPPolicy(F_IN, cfg_off)) == sage + lp * layer + 2 * h + (h * 8 + 8)
+        # the paper's GraphSAGE (L2 normalisation, no projection, no skips): the network before issue 31
+        old = GDPPolicyConfig(attention=attention, superposition=False, sage_norm="l2", skip=False)
+        sage = (F_IN * h + h) + ((F_IN + h) * h + h) + 2 * ((h * h + h) + (2 * h * h + h))
+        assert n_params(GDPPolicy(F_IN, old)) == sage + lp * layer + 2 * h + (h * 8 + 8)
 
 
 def test_superposition_gates_differ_between_graphs():

@@ -42,6 +42,12 @@ episodes GAE would give the batch-standardised raw reward, which is *not* the pa
 ``superposition``); other keys (RLlib's auto-included defaults) are ignored, as are extra observation keys
 (e.g. the env's ``graph``); ``max_devices`` is taken from the action space (a ``max_devices`` key, if
 given, must match it).
+
+Loading weights (:meth:`GDPPlacementModule.set_state`, reached by ``load_module_state`` and so by
+``gdp_train(init_state=...)`` and ``place-ops --algo gdp-pretrained``) requires exactly this module's
+parameter names and shapes and fails with one line naming the first difference (and the node-feature
+width when that is the cause): weights saved by an earlier policy architecture or for other features are
+refused rather than partly loaded.
 """
 
 from __future__ import annotations
@@ -93,6 +99,26 @@ def union_graph(obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     return x.reshape(bsz * n_max, -1)[flat_mask], union, mask
 
 
+def state_mismatch(own: dict[str, Any], state: dict[str, Any]) -> str:
+    """'' when ``state`` has exactly ``own``'s keys and shapes, else what differs, in one line."""
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    shapes = [f"{k} {list(state[k].shape)} vs {list(own[k].shape)}" for k in own
+              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing, e.g. {missing[0]}")
+    if extra:
+        parts.append(f"{len(extra)} unexpected, e.g. {extra[0]}")
+    if shapes:
+        parts.append(f"{len(shapes)} of another shape, e.g. {shapes[0]}")
+    w = state.get("policy.in_proj.weight", state.get("policy.sage.0.pool.weight"))
+    w_own = own.get("policy.in_proj.weight", own.get("policy.sage.0.pool.weight"))
+    if parts and w is not None and w_own is not None and w.shape[-1] != w_own.shape[-1]:
+        parts.append(f"node features: {w.shape[-1]} in the weights, {w_own.shape[-1]} here")
+    return "; ".join(parts)
+
+
 class GDPPlacementModule(TorchRLModule, ValueFunctionAPI):
     """Per-node device logits from :class:`GDPPolicy` for a padded batch of graphs; values are zeros."""
 
@@ -123,6 +149,16 @@ class GDPPlacementModule(TorchRLModule, ValueFunctionAPI):
         d = obs[OBS_NUM_DEVICES].reshape(bsz, -1)[:, 0].long()
         logits = self.policy.place(h.view(bsz, n_max, -1), d, mask)
         return torch.where(mask.unsqueeze(-1), logits, self.pad_logits.expand_as(logits))
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Load weights, refusing (one line, no partial load) any whose names or shapes differ from this
+        module's: RLlib's own ``set_state`` loads with ``strict=False`` and would silently keep the fresh
+        initialisation of every missing layer (e.g. weights saved before issue 31's input projection)."""
+        mismatch = state_mismatch(dict(self.state_dict()), state)
+        if mismatch:
+            raise ValueError(f"GDP weights do not fit this policy ({mismatch}); re-train them with this "
+                             "code (bench/gdp_pretrain.py)")
+        super().set_state(state)
 
     # ------------------------------------------------------------------ RLModule API
     def _forward(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
