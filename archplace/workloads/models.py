@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backward import derive_backward
+from .capture_cache import cached_graph
 from .extract import UnmappedOpsError, capture_ops, ops_to_graph
 from .graph import OpGraph
 from .hf_config import attention_heads, hf_model, is_hf_ref
@@ -178,11 +179,21 @@ def full_model_parameters(name: str) -> int:
 @functools.lru_cache(maxsize=32)
 def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
                    fuse: bool, fingerprint: str = "") -> OpGraph:
+    """:func:`_capture_forward_graph`, kept per process (this ``lru_cache``) and across processes
+    (``capture_cache``: the CLI, Ray workers and subprocesses would otherwise each capture again)."""
+    identity = {"name": name, "seq": seq, "mbs": mbs, "bytes_per_element": bytes_per_element,
+                "capture_blocks": capture_blocks, "fuse": fuse, "fingerprint": fingerprint}
+    return cached_graph("forward", identity, lambda: _capture_forward_graph(
+        name, seq, mbs, bytes_per_element, capture_blocks, fuse))
+
+
+def _capture_forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
+                           fuse: bool) -> OpGraph:
     """The full-depth forward graph: the full model is built on the meta device, each block stack cut
     to the leading blocks that hold every kind of block it has (``block_kinds``), captured, grown back
     block kind by block kind (``stack_expand``), and its parameters checked against the model's.
-    ``fingerprint``: the content hash of an ``hf:`` config file, so that an edited file is captured
-    again."""
+    (:func:`_forward_graph`'s ``fingerprint``, the content hash of an ``hf:`` config file, keys both
+    caches, so that an edited file is captured again.)"""
     import torch.nn as nn
     import transformers
 
