@@ -3,18 +3,22 @@ was stored, any change of the key misses, a corrupt entry is recaptured and rewr
 builders really go through it."""
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from archplace.workloads import capture_cache as cc
 from archplace.workloads.graph import OpGraph
-from archplace.workloads.models import _forward_graph, build_graph
+from archplace.workloads.models import PRESETS, _forward_graph, build_graph
 
 
 def _small_graph(scale: int = 1) -> OpGraph:
@@ -196,3 +200,39 @@ def test_the_key_is_json_of_the_identity():
     assert cc.entry_key("k", {"a": 1}) != cc.entry_key("k", {"a": "1"})
     with pytest.raises(TypeError):
         cc.entry_key("k", {"a": object()})
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_max_positions_match_the_transformers_config(name):
+    """build_graph checks seq against ``max_positions`` without importing transformers; it must be
+    what the transformers config says."""
+    cfg = PRESETS[name].make_config()
+    assert PRESETS[name].max_positions == (getattr(cfg, "n_positions", None)
+                                           or getattr(cfg, "max_position_embeddings", None))
+
+
+def test_a_cached_graph_needs_neither_torch_nor_transformers(tmp_path):
+    """A process that finds its graph in the cache does not import torch (~2 s of CPU per CLI call):
+    the entry written here, under the key ``_forward_graph`` uses, is what a fresh process reads."""
+    identity = {"name": "bert-base", "seq": 128, "mbs": 1, "bytes_per_element": 2, "capture_blocks": 3,
+                "fuse": True, "fingerprint": ""}
+    cc.store(cc.entry_key("forward", identity), _forward_graph("bert-base", 128, 1, 2, 3, True, ""),
+             tmp_path / "graphs")
+    env = {**os.environ, cc.ENV_CACHE_DIR: str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    code = ("import sys; from archplace.workloads.models import build_graph; "
+            "g = build_graph('bert-base', seq=128, tmp=2); "
+            "print(g.content_hash(), 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out == [build_graph("bert-base", seq=128, tmp=2).content_hash(), "False", "False"]
+
+
+def test_cli_no_cache_captures_without_reading_or_writing(tmp_path, monkeypatch, capsys):
+    from archplace.cli import main
+
+    monkeypatch.setenv(cc.ENV_CACHE_DIR, str(tmp_path))  # restored after the test: main() clears it
+    # a sequence length no other test captures, so the in-process lru_cache cannot answer either
+    assert main(["--no-cache", "graph", "bert-base", "--seq", "40", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seq"] == 40
+    assert os.environ[cc.ENV_CACHE_DIR] == "" and cc.cache_dir() is None
+    assert not list(tmp_path.iterdir())
