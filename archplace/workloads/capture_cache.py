@@ -62,7 +62,11 @@ def cache_dir() -> Path | None:
     variable is unset, ``None`` (no cache) when it is set to the empty string."""
     env = os.environ.get(ENV_CACHE_DIR)
     if env is None:
-        return Path.home() / ".cache" / "archplace" / "graphs"
+        try:
+            return Path.home() / ".cache" / "archplace" / "graphs"
+        except RuntimeError as e:  # no HOME and no passwd entry: say so, and capture every time
+            warnings.warn(f"graph cache: off ({e}); set {ENV_CACHE_DIR}", CacheWarning, stacklevel=2)
+            return None
     return Path(env).expanduser() / "graphs" if env.strip() else None
 
 
