@@ -14,6 +14,28 @@ if not DNN_DATA.is_dir():
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers from each other
 
+_CACHE_OWNER = "_ARCHPLACE_TEST_CACHE_OWNER"
+
+
+def pytest_configure(config):
+    """One graph cache (``archplace.workloads.capture_cache``) for the whole session, empty at its
+    start: the first process to capture a model writes it, and the other xdist worker, the Ray workers
+    and the CLI subprocesses of the tests read it (they inherit the environment). It is never the
+    user's ``~/.cache``, so a run from a fresh clone measures what CI measures. The controller (or a
+    run without xdist) makes it; xdist workers, started after this hook, inherit the variable."""
+    if os.environ.get(_CACHE_OWNER) is None:
+        import tempfile
+
+        os.environ["ARCHPLACE_CACHE_DIR"] = tempfile.mkdtemp(prefix="archplace-test-cache-")
+        os.environ[_CACHE_OWNER] = str(os.getpid())
+
+
+def pytest_unconfigure(config):
+    if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
+        import shutil
+
+        shutil.rmtree(os.environ["ARCHPLACE_CACHE_DIR"], ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def ray_session():

@@ -12,10 +12,14 @@ from archplace.simulators.latency import standalone_gemm_latency_s
 from archplace.simulators.zigzag_backend import zigzag_gemm_latency_s
 from archplace.workloads import OpGraph
 
-# one or two shapes per model family: BERT-large projections and attention, GPT-2 XL MLP
-GEMMS = [(1, 512, 1024, 1024), (16, 512, 512, 64), (1, 1024, 6400, 1600), (1, 512, 4096, 1024)]
+# one shape per kind: BERT-large projection and attention, GPT-2 XL MLP; three architectures from 4
+# big cores to 64 small ones. A 3x3 subset of the former 4x4 (which added BERT-large's FFN GEMM and a
+# 16-core design): it keeps the pair that agrees least (64 cores, attention: analytical / ZigZag =
+# 0.983), and on it Spearman's rho is 0.987 (4x4: 0.995), the median ratio 0.998 (0.999) and every
+# ratio in [0.983, 1.000] (the same), so each assertion below keeps its margin at 9 ZigZag runs, not 16.
+GEMMS = [(1, 512, 1024, 1024), (16, 512, 512, 64), (1, 1024, 6400, 1600)]
 ARCHS = [Accelerator(8, 2, 128, 128, 128, 128), Accelerator(4, 1024, 256, 64, 256, 8),
-         Accelerator(16, 128, 32, 64, 32, 16), Accelerator(64, 8, 16, 16, 16, 4)]
+         Accelerator(64, 8, 16, 16, 16, 4)]
 
 
 @pytest.fixture(scope="module", autouse=True)

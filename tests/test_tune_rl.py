@@ -17,8 +17,11 @@ pytestmark = pytest.mark.slow
 
 def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, tmp_path, capsys):
     out = tmp_path / "sweep"
-    # one trial at a time with seeded draws: ASHA's rung decisions do not depend on timing
-    rc = main(["tune-rl", "pipeline", "--scheduler", "asha", "--samples", "4", "--iterations", "6",
+    # one trial at a time with seeded draws: ASHA's rung decisions do not depend on timing. Grace 1 and
+    # reduction factor 2 put rungs at iterations 1, 2 and 4 for 5 iterations as for 6 (the trials stopped
+    # at rung 4 are the same), so the survivors' sixth iteration bought nothing; 4 would drop rung 4,
+    # and then no trial stops (seen: all four ran to 4)
+    rc = main(["tune-rl", "pipeline", "--scheduler", "asha", "--samples", "4", "--iterations", "5",
                "--model", "bert-base", "--cluster", "A", "--max-concurrent", "1", "--out", str(out),
                "--json"])
     assert rc == 0
@@ -27,11 +30,11 @@ def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, t
     rows = pq.read_table(out / "trials.parquet").to_pylist()
     assert res["trials"] == len(rows) == 4 and not any(r["error"] for r in rows)
     # ASHA (grace 1 iteration, reduction factor 2) stops the worse trials at its rungs
-    assert res["stopped_early"] >= 1 and sum(r["iterations"] < 6 for r in rows) == res["stopped_early"]
-    assert max(r["iterations"] for r in rows) == 6
+    assert res["stopped_early"] >= 1 and sum(r["iterations"] < 5 for r in rows) == res["stopped_early"]
+    assert max(r["iterations"] for r in rows) == 5
     best = yaml.safe_load((out / "best_config.yaml").read_text())
     assert set(best) == {"dqn"} and set(best["dqn"]) == {"lr", "gamma", "training_intensity", "num_atoms"}
-    survivors = [r for r in rows if r["iterations"] == 6]
+    survivors = [r for r in rows if r["iterations"] == 5]
     top = max(survivors, key=lambda r: r["last"])
     assert best["dqn"]["lr"] == pytest.approx(top["lr"]) and best["dqn"]["gamma"] == top["gamma"]
     assert (out / "report.md").read_text().startswith("# tune-rl pipeline (asha)")

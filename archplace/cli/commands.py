@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,9 @@ COMMANDS = {command: _entry(module, command) for command, module in (
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="archplace", description=__doc__.split("\n")[0])
+    p.add_argument("--no-cache", action="store_true",
+                   help="capture every model graph again instead of reading ~/.cache/archplace/graphs (as "
+                        "ARCHPLACE_CACHE_DIR='' does; the Ray workers this command starts inherit it)")
     sub = p.add_subparsers(dest="command", required=True)
     for add, _, _ in COMMANDS.values():
         add(sub)
@@ -68,6 +72,8 @@ def _flag(field: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.no_cache:  # in the environment, so the Ray workers this process starts inherit it
+        os.environ["ARCHPLACE_CACHE_DIR"] = ""
     if args.command == "serve":   # a long-running server (or its token commands), not a one-shot result
         try:
             return serve.run(args)

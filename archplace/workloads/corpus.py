@@ -125,7 +125,16 @@ def small_transformer(family: str, layers: int, hidden: int, heads: int, ffn: in
     """The forward graph of a real ``transformers`` model at a small size: the preset's class and
     config with the widths, depth and vocabulary overridden, exported on the meta device exactly as
     :func:`archplace.workloads.models.build_graph` does (eager attention, fused tensor-vector pairs,
-    a cross-entropy op after an LM head), every block captured (no replication)."""
+    a cross-entropy op after an LM head), every block captured (no replication). Kept on disk across
+    processes too (``capture_cache``)."""
+    from .capture_cache import cached_graph
+
+    identity = dict(family=family, layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab)
+    return cached_graph("small-transformer", identity, lambda: _capture_small_transformer(**identity))
+
+
+def _capture_small_transformer(family: str, layers: int, hidden: int, heads: int, ffn: int, seq: int,
+                               vocab: int) -> OpGraph:
     import torch
     import transformers
 

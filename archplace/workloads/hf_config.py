@@ -232,6 +232,12 @@ class HfModel:
     def make_config(self, **overrides: Any):
         return make_config(self.config_dict, self._cls(), **overrides)
 
+    @property
+    def max_positions(self) -> int | None:
+        """``ModelPreset.max_positions``: the config's ``n_positions`` or ``max_position_embeddings``."""
+        cfg = self.make_config()
+        return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
     def build_model(self, capture_blocks: int | None = None):
         """The model on the meta device; with ``capture_blocks``, every stack deeper than that is
         built that deep."""

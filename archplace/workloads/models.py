@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backward import derive_backward
+from .capture_cache import cached_graph
 from .extract import UnmappedOpsError, capture_ops, ops_to_graph
 from .graph import OpGraph
 from .hf_config import attention_heads, hf_model, is_hf_ref
@@ -40,6 +41,16 @@ class ModelPreset:
     @property
     def depths(self) -> dict[str, int]:
         return {k: self.config[k] for k in self.layer_keys}
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions the model embeds (``None``: T5's relative positions), read from the preset
+        alone: ``build_graph`` checks ``seq`` against it without importing transformers (and torch), so
+        a process whose graphs all come from ``capture_cache`` never loads them. Equal to the
+        transformers config's ``n_positions`` / ``max_position_embeddings`` (tests/test_capture_cache)."""
+        c = self.config
+        return (c.get("n_positions") or c.get("max_position_embeddings")
+                or _DEFAULT_MAX_POSITIONS.get(self.family))
 
     # the interface the graph builder shares with hf_config.HfModel (a model from a config file)
     allow_unmapped_ops = False
@@ -81,6 +92,10 @@ class ModelPreset:
         if self.family == "t5":
             kwargs["decoder_input_ids"] = ids
         return (ids,), kwargs
+
+
+# transformers' default where a preset's config leaves the field out (BertConfig.max_position_embeddings)
+_DEFAULT_MAX_POSITIONS = {"bert": 512}
 
 
 def _gpt(n_layer: int, n_embd: int, n_head: int, seq: int, act: str = "gelu") -> dict:
@@ -178,11 +193,21 @@ def full_model_parameters(name: str) -> int:
 @functools.lru_cache(maxsize=32)
 def _forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
                    fuse: bool, fingerprint: str = "") -> OpGraph:
+    """:func:`_capture_forward_graph`, kept per process (this ``lru_cache``) and across processes
+    (``capture_cache``: the CLI, Ray workers and subprocesses would otherwise each capture again)."""
+    identity = {"name": name, "seq": seq, "mbs": mbs, "bytes_per_element": bytes_per_element,
+                "capture_blocks": capture_blocks, "fuse": fuse, "fingerprint": fingerprint}
+    return cached_graph("forward", identity, lambda: _capture_forward_graph(
+        name, seq, mbs, bytes_per_element, capture_blocks, fuse))
+
+
+def _capture_forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int, capture_blocks: int,
+                           fuse: bool) -> OpGraph:
     """The full-depth forward graph: the full model is built on the meta device, each block stack cut
     to the leading blocks that hold every kind of block it has (``block_kinds``), captured, grown back
     block kind by block kind (``stack_expand``), and its parameters checked against the model's.
-    ``fingerprint``: the content hash of an ``hf:`` config file, so that an edited file is captured
-    again."""
+    (:func:`_forward_graph`'s ``fingerprint``, the content hash of an ``hf:`` config file, keys both
+    caches, so that an edited file is captured again.)"""
     import torch.nn as nn
     import transformers
 
@@ -281,8 +306,7 @@ def build_graph(name: str, seq: int | None = None, mbs: int = 1, tmp: int = 1, t
         if not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
             raise ValueError(f"{field_name} must be a positive integer"
                              f"{' in ' + str(allowed) if allowed else ''}, got {value!r}")
-    cfg = p.make_config()
-    max_pos = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    max_pos = p.max_positions
     if isinstance(max_pos, int) and max_pos > 0 and seq > max_pos:
         raise ValueError(f"seq {seq} exceeds {name}'s maximum of {max_pos} positions")
     if not isinstance(capture_blocks, int) or isinstance(capture_blocks, bool) or capture_blocks < 3:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..backward import derive_backward
+from ..capture_cache import cached_graph
 from ..extract import capture_ops, ops_to_graph
 from ..graph import OpGraph
 from ..inception_v3 import Inception3
@@ -198,6 +199,12 @@ _TP_ROLES = {"txl": {"ff.fc1": "col", "ff.fc2": "row"}}
 
 @functools.lru_cache(maxsize=16)
 def _graph(name: str, batch: int, training: bool, fuse: bool) -> OpGraph:
+    """:func:`_capture_graph`, kept per process and on disk across processes (``capture_cache``)."""
+    identity = {"name": name, "batch": batch, "training": training, "fuse": fuse}
+    return cached_graph("gdp", identity, lambda: _capture_graph(name, batch, training, fuse))
+
+
+def _capture_graph(name: str, batch: int, training: bool, fuse: bool) -> OpGraph:
     p = gdp_preset(name)
     model = build_module(p)
     ops, num_params, unmapped = capture_ops(model, example_inputs(p, batch), {}, BYTES_PER_ELEMENT)
