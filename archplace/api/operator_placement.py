@@ -244,6 +244,7 @@ def _gdp_warm(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> np.n
         "best_sample_valid": run.best_sample_placement is not None,
         "warm_start_step_time_s": w.step_time_s, "warm_start_valid": w.valid, "warm_start_algo": w.algo,
         "warm_start_step_times_s": w.step_times_s, "bc_steps": w.bc_steps, "bc_steps_max": w.bc_steps_max,
+        "bc_best_step": w.bc_best_step,
         "bc_agreement": w.agreement, "bc_target_prob_mean": w.target_prob_mean,
         "samples": run.samples, "ppo_iterations": run.ppo_iterations,
         "ppo_iterations_planned": run.ppo_iterations_planned, "simulator_calls": run.simulator_calls,

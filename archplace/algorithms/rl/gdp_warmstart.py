@@ -18,8 +18,9 @@ Steps of :func:`gdp_warm` (``place-ops --algo gdp``):
    fixed step count, full-graph batches; no wall-clock budget). It stops at the first step whose greedy
    (argmax) placement, read as the environment reads an action (a co-location group follows its first
    op), equals the target, so the policy is as close to the target as needed and no sharper: PPO must
-   still sample around it. ``agreement`` is the fraction of ops whose greedy device is the target's.
-   No simulator call (agreement is checked on placements, not step times).
+   still sample around it. ``agreement`` is the fraction of ops whose greedy device is the target's; if
+   no step copies the target exactly, the weights of the step with the highest agreement are kept. No
+   simulator call (agreement is checked on placements, not step times).
 3. **PPO** (``gdp_ppo.gdp_train``'s fine-tuning path, ``init_state`` = the cloned weights) for as many
    iterations of ``train_batch_size_per_learner`` (16) samples as the budget leaves after the warm start
    and the final evaluation of the greedy placement (one call).
@@ -48,9 +49,10 @@ from .gdp_env import GDPEnv, GDPGraph
 # the fast placers the warm start picks from: the same five sa / lns start from, so all three begin at the
 # same placement (m-TOPO is cheap: a list schedule, one pass)
 WARM_START_ALGOS = ("human", "metis", "m-topo", "m-etf", "m-sct")
-# behaviour cloning: at most this many Adam steps (each one full-graph forward and backward pass). On
-# txl-2 (210 ops) and rnnlm-2 (1,620 ops) the loss stops improving after a few tens of steps at lr 1e-2,
-# with or without a perfect copy, so 200 only costs time where cloning cannot finish anyway.
+# behaviour cloning: at most this many Adam steps (each one full-graph forward and backward pass). With the
+# policy of branch gdp-policy (2140ac0): txl-2 (210 ops) is copied exactly after 39 steps at lr 1e-2;
+# rnnlm-2 (1,620 ops, target METIS) wanders between 0.80 and 0.90 agreement over 200 steps at 1e-2 and
+# stays near 0.81 at 3e-2, so more steps would mostly cost time (about 0.5 s a step there on this machine)
 BC_STEPS = 200
 BC_LR = 1e-2
 # outer wall-clock safety limit of the PPO phase (the budget is simulator calls): an hour
@@ -73,6 +75,7 @@ class WarmStart:
     state: dict[str, Any]           # the cloned module weights (gdp_train's init_state format)
     bc_steps: int                   # Adam steps taken (< bc_steps_max when the greedy copy was exact)
     bc_steps_max: int
+    bc_best_step: int               # the step whose weights are kept (the highest agreement)
     agreement: float                # fraction of ops whose greedy device is the target's (1.0: exact copy)
     target_prob_mean: float         # mean over ops of the policy's probability of the target device
     greedy_placement: np.ndarray    # the cloned policy's argmax placement (by op)
@@ -158,8 +161,10 @@ def build_module(gg: GDPGraph, *, seed: int = 0, policy: dict | None = None, max
 def behaviour_clone(gg: GDPGraph, target: np.ndarray, *, steps: int = BC_STEPS, lr: float = BC_LR,
                     seed: int = 0, policy: dict | None = None, max_devices: int = 8) -> dict[str, Any]:
     """Clone ``target`` (device per op) into a fresh seeded GDP module (module doc, step 2). Returns the
-    weights, the steps taken, the final agreement and mean target probability, the greedy placement and
-    the loss per step."""
+    weights of the step with the highest agreement (the first such; the last step's when the copy is
+    exact), its step (``best_step``), agreement, mean target probability and greedy placement, the steps
+    taken and the loss per step. Keeping the best step matters where the copy cannot be made exact: the
+    agreement then wanders by several points from step to step (rnnlm-2: 0.80-0.90)."""
     import torch
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -175,11 +180,16 @@ def behaviour_clone(gg: GDPGraph, target: np.ndarray, *, steps: int = BC_STEPS, 
     tgt = torch.as_tensor(target[gg.order])  # the target by position (the observation's node order)
     opt = torch.optim.Adam(module.parameters(), lr=lr)
     losses: list[float] = []
-    taken = 0
+    taken, best = 0, None  # best: (agreement, step, state, greedy, mean target probability)
     while True:
         logits = module.node_logits(obs)[0, :n]
         greedy = gg.placement_of(logits.detach().argmax(-1).numpy())
         agreement = float((greedy == target).mean()) if n else 1.0
+        if best is None or agreement > best[0]:
+            with torch.no_grad():
+                prob = float(logits.softmax(-1).gather(-1, tgt[:, None]).mean()) if n else 1.0
+            best = (agreement, taken, {k: np.array(v, copy=True) for k, v in module.get_state().items()},
+                    greedy, prob)
         if agreement == 1.0 or taken == steps:
             break
         loss = torch.nn.functional.cross_entropy(logits, tgt)
@@ -188,11 +198,9 @@ def behaviour_clone(gg: GDPGraph, target: np.ndarray, *, steps: int = BC_STEPS, 
         opt.step()
         losses.append(float(loss.detach()))
         taken += 1
-    with torch.no_grad():
-        prob = float(logits.softmax(-1).gather(-1, tgt[:, None]).mean()) if n else 1.0
-    state = {k: np.asarray(v) for k, v in module.get_state().items()}
-    return {"state": state, "steps": taken, "agreement": agreement, "target_prob_mean": prob,
-            "greedy_placement": greedy, "loss": losses}
+    agreement, at, state, greedy, prob = best
+    return {"state": state, "steps": taken, "best_step": at, "agreement": agreement,
+            "target_prob_mean": prob, "greedy_placement": greedy, "loss": losses}
 
 
 def warm_start(graph, gg: GDPGraph, *, seed: int = 0, bc_steps: int = BC_STEPS, bc_lr: float = BC_LR,
@@ -204,8 +212,8 @@ def warm_start(graph, gg: GDPGraph, *, seed: int = 0, bc_steps: int = BC_STEPS, 
     t1 = time.perf_counter()
     bc = behaviour_clone(gg, p, steps=bc_steps, lr=bc_lr, seed=seed, policy=policy)
     return WarmStart(name, p, t, ok, times, valid, len(algos), bc["state"], bc["steps"], bc_steps,
-                     bc["agreement"], bc["target_prob_mean"], bc["greedy_placement"], bc["loss"],
-                     t1 - t0, time.perf_counter() - t1)
+                     bc["best_step"], bc["agreement"], bc["target_prob_mean"], bc["greedy_placement"],
+                     bc["loss"], t1 - t0, time.perf_counter() - t1)
 
 
 def answer(candidates: dict[str, tuple[float, bool]]) -> str:
