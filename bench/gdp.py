@@ -350,11 +350,14 @@ def main() -> None:
         print(text)
         lines.append(text)
 
-    say(f"Step time (ms) on {args.machine}, op model {args.op_model or 'default (the machine roofline)'}, "
-        f"{args.dtype or 'fp32'}; learned placers: best-seen mean over seeds {seeds} [the greedy policy's], "
-        f"{args.time:g} s per seed; (n) = effective GPUs of the placement")
-    say(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>16}" for c in cols)
-        + "".join(f"{m:>24}" for m in learned) + "   best")
+    table = graphs if cols or learned else []   # the Table 1 analogue; the issue-31 methods report below
+    if table:
+        om = args.op_model or "default (the machine roofline)"
+        say(f"Step time (ms) on {args.machine}, op model {om}, {args.dtype or 'fp32'}; learned placers: "
+            f"best-seen mean over seeds {seeds} [the greedy "
+            f"policy's], {args.time:g} s per seed; (n) = effective GPUs of the placement")
+        say(f"{'graph':<14}{'ops':>7}{'d':>3}" + "".join(f"{c:>16}" for c in cols)
+            + "".join(f"{m:>24}" for m in learned) + "   best")
     ref = "gdp-one" if "gdp-one" in learned else None
     others = cols + [m for m in learned if m != ref]
     speed: dict[str, list[float]] = {c: [] for c in others}
@@ -371,7 +374,6 @@ def main() -> None:
     def best_run(rs: list[dict]) -> dict:   # the seed whose best-seen placement is fastest
         return min(rs, key=lambda r: r["step_time_s"] if r["valid"] else float("inf"))
 
-    table = graphs if cols or learned else []   # the Table 1 analogue; the issue-31 methods report below
     for g in table:
         row = {m: cache[key(g, m, 0)] for m in cols if m in FAST}
         runs = {m: [cache[key(g, m, s)] for s in seeds] for m in learned}
@@ -426,12 +428,13 @@ def main() -> None:
              "per_method_mean_effective_gpus": {m: float(np.mean([out["graphs"][g][m]["effective_gpus"] or 0
                                                                   for g in table])) for m in cols + learned}}
     out["multi_gpu"] = multi
-    say(f"  graphs whose best placement is multi-GPU (busiest GPU < {MULTI_GPU_SHARE:.0%} of compute): "
-        f"{multi['best_is_multi_gpu']}/{len(graphs)} (ops on more than one GPU at all: "
-        f"{multi['best_has_ops_on_more_than_one_gpu']}/{len(graphs)}); multi-GPU placements per method: "
-        + ", ".join(f"{m} {n}" for m, n in multi["per_method_multi_gpu"].items()))
-    say("  mean effective GPUs (summed op time / busiest GPU's) per method: "
-        + ", ".join(f"{m} {v:.2f}" for m, v in multi["per_method_mean_effective_gpus"].items()))
+    if table:
+        say(f"  graphs whose best placement is multi-GPU (busiest GPU < {MULTI_GPU_SHARE:.0%} of compute): "
+            f"{multi['best_is_multi_gpu']}/{len(graphs)} (ops on more than one GPU at all: "
+            f"{multi['best_has_ops_on_more_than_one_gpu']}/{len(graphs)}); multi-GPU placements per method: "
+            + ", ".join(f"{m} {n}" for m, n in multi["per_method_multi_gpu"].items()))
+        say("  mean effective GPUs (summed op time / busiest GPU's) per method: "
+            + ", ".join(f"{m} {v:.2f}" for m, v in multi["per_method_mean_effective_gpus"].items()))
     if ref:
         out["speedup_geomean"] = {}
         for c in others:
