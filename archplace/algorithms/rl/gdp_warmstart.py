@@ -173,7 +173,7 @@ def behaviour_clone(gg: GDPGraph, target: np.ndarray, *, steps: int = BC_STEPS, 
     n = gg.problem.num_nodes
     if target.shape != (n,) or target.min(initial=0) < 0 or target.max(initial=0) >= gg.problem.num_devices:
         raise ValueError(f"target must be {n} devices in [0, {gg.problem.num_devices}), got shape "
-                         f"{target.shape}")
+                         f"{target.shape}, devices {target.min(initial=0)}..{target.max(initial=0)}")
     module, env = build_module(gg, seed=seed, policy=policy, max_devices=max_devices)
     module.train()
     obs = {k: torch.as_tensor(v)[None] for k, v in env.observation(0).items()}
