@@ -269,8 +269,9 @@ def main() -> None:
             raise SystemExit(f"{what}: unknown {sorted(bad)}; allowed: {list(allowed)}")
     if "random" in methods and "gdp-one" not in methods:
         raise SystemExit("--methods: random draws as many samples as gdp-one; include gdp-one")
-    if args.budget < 6:
-        raise SystemExit(f"--budget is {args.budget}; must be >= 6 simulator calls (5 fast placers + 1)")
+    if args.budget < 7:
+        raise SystemExit(f"--budget is {args.budget}; must be >= 7 simulator calls (5 fast placers, then "
+                         "warm+sa's 2 starts or gdp-warm's greedy placement)")
     warm_jobs = [m for m in WARM_JOBS if m in methods or any(WARM_DERIVED.get(d) == m for d in methods)]
 
     import ray
