@@ -61,7 +61,10 @@ def test_place_ops_exact_refuses_graphs_over_its_limit(capsys):
     assert "num_nodes" in err and len(err.strip().splitlines()) == 1
 
 
-def test_place_ops_gdp_reports_best_seen_and_greedy_apart(ray_session, tmp_path):
+def test_place_ops_gdp_pretrained_reports_best_seen_and_greedy_apart(ray_session, tmp_path):
+    """gdp-pretrained counts its budget in simulator calls (issue 31): 17 calls are one PPO iteration of 16
+    samples and the greedy placement's evaluation; zero-shot is that one evaluation. (``gdp`` itself, the
+    warm-started placer, is tested in test_gdp_warmstart.py.)"""
     import torch
 
     from archplace.algorithms.rl.gdp_env import GDPGraph
@@ -72,23 +75,25 @@ def test_place_ops_gdp_reports_best_seen_and_greedy_apart(ray_session, tmp_path)
     from archplace.workloads.gdp_models import gdp_graph, node_features
 
     torch.set_num_threads(1)
-    res = api.place_ops(api.PlaceOpsRequest("txl-2", algo="gdp", budget=6.0))
-    d = res.to_dict()
-    assert d["mode"] == "from scratch" and d["samples"] >= 16
-    # the answer is the faster of the best sample and the greedy policy's placement, and says which
-    assert res.valid and res.step_time_s == pytest.approx(
-        min(d["best_seen_step_time_s"], d["greedy_policy_step_time_s"]))
-    assert d["result_is"] == ("best seen" if d["best_seen_step_time_s"] <= d["greedy_policy_step_time_s"]
-                              else "greedy policy")
-    # weights of a one-iteration run, then the zero-shot placement is the greedy policy's
+    # weights of a one-iteration run, then fine-tuning from them and their zero-shot placement
     g = gdp_graph("txl-2")
     p = PlacementProblem.from_graph(g, gpu_machine("p100-pcie", 2))
     run = gdp_train([GDPGraph(p, node_features(g)[0], "txl-2")], iterations=1, keep_state=True)
     w = tmp_path / "w.npz"
     save_state(w, run.state)
+    ft = api.place_ops(api.PlaceOpsRequest("txl-2", algo="gdp-pretrained", pretrained=str(w), budget=17))
+    d = ft.to_dict()
+    assert d["mode"] == "fine-tuned" and d["samples"] == 16 and d["ppo_iterations"] == 1
+    assert d["simulator_calls"] == 17 == d["budget_calls"] and d["stopped_by"] == "budget"
+    # the answer is the faster of the best sample and the greedy policy's placement, and says which
+    assert ft.valid and ft.step_time_s == pytest.approx(
+        min(d["best_seen_step_time_s"], d["greedy_policy_step_time_s"]))
+    assert d["result_is"] == ("best seen" if d["best_seen_step_time_s"] <= d["greedy_policy_step_time_s"]
+                              else "greedy policy")
     zs = api.place_ops(api.PlaceOpsRequest("txl-2", algo="gdp-pretrained", pretrained=str(w), zero_shot=True))
     z = zs.to_dict()
     assert z["mode"] == "zero-shot" and z["result_is"] == "greedy policy" and z["samples"] == 0
+    assert z["simulator_calls"] == 1
     assert zs.step_time_s == pytest.approx(z["greedy_policy_step_time_s"])
     placement = np.array([zs.placement[str(n)] for n in g.nodes["name"]])
     assert zs.step_time_s == pytest.approx(simulate(p, placement).step_time_s)

@@ -1,12 +1,16 @@
 """Every operator of a model's training step on one of the GPUs of one machine (``archplace place-ops``,
 GDP): fast placers (METIS, Baechi's m-TOPO / m-ETF / m-SCT, human-expert-like, random), the exact
-CP-SAT placement for small graphs, the GDP policy (PPO, on Ray), and two local searches with the
+CP-SAT placement for small graphs, the GDP policy (PPO, on Ray; ``gdp`` warm-starts it by behaviour
+cloning of the best fast placer and answers with the best of the policy's greedy placement, its best
+sample and that warm start: ``algorithms/rl/gdp_warmstart.py``), and two local searches with the
 simulator started from the best fast placer (simulated annealing, neighbourhood search: ``sa``, ``lns``;
-``algorithms/search/placement_local_search.py``). Every placement is scored by the event-driven
-simulator (``simulators/gpu_placement.py``); an invalid one says why. ``machine`` is one of the GDP-era
-machines or any GPU preset of ``hardware/gpus.py`` (N of them on NVLink); ``op_model`` /
-``dtype`` / ``profile`` choose how each op is timed (``simulators/gpu_ops.py``; default: the GPU's default
-op model in fp32, which for the P100 / V100 machines is the roofline they always had)."""
+``algorithms/search/placement_local_search.py``). ``gdp``, ``gdp-pretrained``, ``sa`` and ``lns`` count
+their budget in simulator calls (wall time is only an outer safety limit for ``gdp*``). Every placement
+is scored by the event-driven simulator (``simulators/gpu_placement.py``); an invalid one says why.
+``machine`` is one of the GDP-era machines or any GPU preset of ``hardware/gpus.py`` (N of them on
+NVLink); ``op_model`` / ``dtype`` / ``profile`` choose how each op is timed (``simulators/gpu_ops.py``;
+default: the GPU's default op model in fp32, which for the P100 / V100 machines is the roofline they
+always had)."""
 
 from __future__ import annotations
 
@@ -37,6 +41,11 @@ PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "sing
 # sa / lns start from the fastest valid placement of these (each one simulated once, counted in the budget)
 LOCAL_SEARCH_STARTS = ("human", "metis", "m-topo", "m-etf", "m-sct")
 LOCAL_SEARCH_ALGOS = ("sa", "lns")
+GDP_ALGOS = ("gdp", "gdp-pretrained")
+# algos whose budget is simulator calls, and the fewest each needs: sa / lns one per start candidate; gdp
+# one per fast placer (its warm start) and one for the greedy placement; gdp-pretrained the greedy placement
+CALL_BUDGET_MIN = {"sa": len(LOCAL_SEARCH_STARTS), "lns": len(LOCAL_SEARCH_STARTS),
+                   "gdp": len(LOCAL_SEARCH_STARTS) + 1, "gdp-pretrained": 1}
 DEFAULT_BUDGET_S = 30.0
 DEFAULT_BUDGET_CALLS = 2000
 MAX_BUDGET_CALLS = 10_000_000
@@ -51,8 +60,8 @@ class PlaceOpsRequest(Request):
     machine: str = "p100-pcie"
     batch: int | None = None        # the preset's batch size by default
     seed: int = 0
-    # exact: the CP-SAT time limit, gdp*: PPO's wall time, in seconds (None: 30); sa, lns: simulator calls,
-    # the start candidates' included (None: 2000)
+    # exact: the CP-SAT time limit in seconds (None: 30); sa, lns, gdp, gdp-pretrained: simulator calls, the
+    # start candidates' / warm start's included (None: 2000)
     budget: float | None = None
     pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp_pretrain.py (.npz)
     zero_shot: bool = False         # gdp-pretrained: the pre-trained policy's placement, no updates
@@ -68,14 +77,14 @@ class PlaceOpsRequest(Request):
 
     @property
     def budget_value(self) -> float:
-        """``budget``, or its default for ``algo`` (seconds, or simulator calls for sa / lns)."""
+        """``budget``, or its default for ``algo`` (seconds, or simulator calls for sa / lns / gdp*)."""
         if self.budget is not None:
             return float(self.budget)
-        return float(DEFAULT_BUDGET_CALLS if self.algo in LOCAL_SEARCH_ALGOS else DEFAULT_BUDGET_S)
+        return float(DEFAULT_BUDGET_CALLS if self.algo in CALL_BUDGET_MIN else DEFAULT_BUDGET_S)
 
     @property
     def needs_ray(self) -> bool:
-        return self.algo in ("gdp", "gdp-pretrained")
+        return self.algo in GDP_ALGOS
 
     def validate(self) -> None:
         from ..workloads.gdp_models import GDP_PRESETS
@@ -91,13 +100,15 @@ class PlaceOpsRequest(Request):
         check_int("batch", self.batch, optional=True)
         check_int("seed", self.seed, low=0)
         b = self.budget
-        if self.algo in LOCAL_SEARCH_ALGOS:
-            low = len(LOCAL_SEARCH_STARTS)
+        if self.algo in CALL_BUDGET_MIN:
+            low = CALL_BUDGET_MIN[self.algo]
+            why = {"gdp": f"the {low - 1} fast placers of the warm start and the greedy placement count",
+                   "gdp-pretrained": "the greedy placement's evaluation counts"}.get(
+                self.algo, f"the {low} fast placers' start evaluations count")
             if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or
                                   not float(b).is_integer() or not low <= b <= MAX_BUDGET_CALLS):
                 raise invalid("budget", f"for algo {self.algo} is simulator calls: a whole number in [{low}, "
-                                        f"{MAX_BUDGET_CALLS}] (the {low} fast placers' start evaluations "
-                                        f"count), got {b!r}")
+                                        f"{MAX_BUDGET_CALLS}] ({why}), got {b!r}")
         elif b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 86400):
             raise invalid("budget", f"must be seconds in (0, 86400], got {b!r}")
         check_optional_str("pretrained", self.pretrained)
@@ -171,27 +182,10 @@ def place_ops(req: PlaceOpsRequest, *, progress: ProgressFn | None = None,
                         "model_step_time_s": ex.model_step_time_s})
     elif req.algo == "human":
         placement = gdp_baselines.human_from_graph(g, problem)
-    elif req.algo in ("gdp", "gdp-pretrained"):
-        from ..algorithms.rl.gdp_env import GDPGraph
-        from ..algorithms.rl.gdp_ppo import gdp_train
-        from ..algorithms.rl.mcm_ppo import load_state
-        from ..workloads.gdp_models import node_features
-
-        state = load_state(req.pretrained)[0] if req.pretrained else None
-        run = gdp_train([GDPGraph(problem, node_features(g)[0], req.model)], seed=req.seed, init_state=state,
-                        time_limit_s=req.budget_value, iterations=0 if req.zero_shot else None)
-        # the answer is the faster valid one of the best sampled placement (GDP's, spec §9) and the greedy
-        # policy's argmax placement (both simulated); zero-shot has only the latter. Both are reported.
-        use_best = run.best_placement[0] is not None and not req.zero_shot and \
-            (not run.greedy_valid[0] or run.best_step_time_s[0] <= run.greedy_step_time_s[0])
-        placement = run.best_placement[0] if use_best else run.greedy_placement[0]
-        details.update({"samples": run.samples, "ppo_iterations": run.iterations,
-                        "greedy_policy_step_time_s": run.greedy_step_time_s[0],
-                        "greedy_policy_valid": run.greedy_valid[0],
-                        "best_seen_step_time_s": run.best_step_time_s[0],
-                        "result_is": "best seen" if use_best else "greedy policy",
-                        "mode": "zero-shot" if req.zero_shot else
-                        ("fine-tuned" if state else "from scratch")})
+    elif req.algo == "gdp":
+        placement = _gdp_warm(req, g, problem, details)
+    elif req.algo == "gdp-pretrained":
+        placement = _gdp_pretrained(req, g, problem, details)
     elif req.algo in LOCAL_SEARCH_ALGOS:
         placement = _local_search(req, g, problem, details)
     else:
@@ -232,3 +226,56 @@ def _local_search(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> 
         "improvements": run.improvements,
         "best_trace": [[c, t] for c, t in run.best_trace]})
     return run.placement
+
+
+def _gdp_warm(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> np.ndarray:
+    """``gdp``: warm start (the best fast placer, cloned into the policy), PPO within the budget, and the
+    best of the policy's greedy placement, its best sample and the warm start (``gdp_warmstart``)."""
+    from ..algorithms.rl.gdp_env import GDPGraph
+    from ..algorithms.rl.gdp_warmstart import gdp_warm
+    from ..workloads.gdp_models import node_features
+
+    run = gdp_warm(g, GDPGraph(problem, node_features(g)[0], req.model), int(req.budget_value), seed=req.seed)
+    w = run.warm
+    details.update({
+        "answer_source": run.answer_source,
+        "greedy_step_time_s": run.greedy_step_time_s, "greedy_valid": run.greedy_valid,
+        "best_sample_step_time_s": run.best_sample_step_time_s,
+        "best_sample_valid": run.best_sample_placement is not None,
+        "warm_start_step_time_s": w.step_time_s, "warm_start_valid": w.valid, "warm_start_algo": w.algo,
+        "warm_start_step_times_s": w.step_times_s, "bc_steps": w.bc_steps, "bc_steps_max": w.bc_steps_max,
+        "bc_best_step": w.bc_best_step,
+        "bc_agreement": w.agreement, "bc_target_prob_mean": w.target_prob_mean,
+        "samples": run.samples, "ppo_iterations": run.ppo_iterations,
+        "ppo_iterations_planned": run.ppo_iterations_planned, "simulator_calls": run.simulator_calls,
+        "budget_calls": run.budget, "stopped_by": run.stopped_by,
+        "warm_start_wall_s": w.placers_wall_s, "bc_wall_s": w.bc_wall_s, "ppo_wall_s": run.ppo_wall_s})
+    return run.placement
+
+
+def _gdp_pretrained(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> np.ndarray:
+    """``gdp-pretrained``: PPO fine-tuning from the given weights within the budget (simulator calls: the
+    samples and the greedy placement's evaluation), or (zero-shot) the pre-trained greedy placement."""
+    from ..algorithms.rl.gdp_env import GDPGraph
+    from ..algorithms.rl.gdp_ppo import PPO_DEFAULTS, gdp_train
+    from ..algorithms.rl.gdp_warmstart import SAFETY_LIMIT_S
+    from ..algorithms.rl.mcm_ppo import load_state
+    from ..workloads.gdp_models import node_features
+
+    budget = int(req.budget_value)
+    planned = 0 if req.zero_shot else (budget - 1) // int(PPO_DEFAULTS["train_batch_size_per_learner"])
+    run = gdp_train([GDPGraph(problem, node_features(g)[0], req.model)], seed=req.seed,
+                    init_state=load_state(req.pretrained)[0], time_limit_s=SAFETY_LIMIT_S, iterations=planned)
+    # the answer is the faster valid one of the best sampled placement (GDP's, spec §9) and the greedy
+    # policy's argmax placement (both simulated); zero-shot has only the latter. Both are reported.
+    use_best = run.best_placement[0] is not None and not req.zero_shot and \
+        (not run.greedy_valid[0] or run.best_step_time_s[0] <= run.greedy_step_time_s[0])
+    details.update({"samples": run.samples, "ppo_iterations": run.iterations,
+                    "greedy_policy_step_time_s": run.greedy_step_time_s[0],
+                    "greedy_policy_valid": run.greedy_valid[0],
+                    "best_seen_step_time_s": run.best_step_time_s[0],
+                    "result_is": "best seen" if use_best else "greedy policy",
+                    "mode": "zero-shot" if req.zero_shot else "fine-tuned",
+                    "simulator_calls": run.samples + 1, "budget_calls": budget,
+                    "stopped_by": "budget" if run.iterations >= planned else "time limit"})
+    return run.best_placement[0] if use_best else run.greedy_placement[0]

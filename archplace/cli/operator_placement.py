@@ -33,7 +33,19 @@ def print_place_ops(res: dict[str, Any]) -> None:
     if "solver_status" in res:
         print(f"  CP-SAT       {res['solver_status']}, gap {res['gap']:.1%}, lower bound "
               f"{res['lower_bound_s'] * 1e3:.2f} ms")
-    if "ppo_iterations" in res:
+    if "answer_source" in res:
+        def ms(t: float, ok: bool) -> str:
+            return f"{t * 1e3:.2f} ms" + ("" if ok else " (invalid)")
+
+        warm = ms(res["warm_start_step_time_s"], res["warm_start_valid"])
+        print(f"  GDP          warm start {res['warm_start_algo']} {warm}, cloned in {res['bc_steps']} steps "
+              f"(greedy agreement {res['bc_agreement']:.1%}); {res['samples']} PPO samples in "
+              f"{res['ppo_iterations']} iterations; {res['simulator_calls']} of {res['budget_calls']} "
+              "simulator calls")
+        print(f"  candidates   greedy {ms(res['greedy_step_time_s'], res['greedy_valid'])}, best sample "
+              f"{ms(res['best_sample_step_time_s'], res['best_sample_valid'])}, warm start {warm}: the "
+              f"answer is the {res['answer_source'].replace('_', ' ')}")
+    elif "ppo_iterations" in res:
         g = res["greedy_policy_step_time_s"]
         print(f"  GDP          {res['mode']}: {res['samples']} placements in {res['ppo_iterations']} PPO "
               f"iterations; the result is the {res['result_is']}; the greedy policy's placement: "
@@ -61,15 +73,21 @@ def add_place_ops_parser(sub) -> None:
                                   "wavenet-2x18, wavenet-4x36, ...")
     po.add_argument("--devices", type=int, default=None,
                     help="GPUs (default: the preset's, as in GDP's Table 1)")
-    po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf")
+    po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf",
+                    help="gdp: the best fast placer cloned into the GDP policy, then PPO; the answer is the "
+                         "fastest of the policy's greedy placement, its best sample and that warm start, and "
+                         "says which (answer_source)")
     po.add_argument("--machine", choices=MACHINES, default="p100-pcie",
                     help="p100-pcie, v100-nvlink (GDP's era), or a GPU preset: N of it on NVLink")
     add_op_model_args(po, "fp32 (GDP's TensorFlow graphs)")
     po.add_argument("--batch", type=int, default=None)
     po.add_argument("--budget", type=float, default=None,
-                    help="exact: CP-SAT seconds; gdp, gdp-pretrained: PPO wall seconds (default 30); "
-                         "sa, lns: simulator calls, the 5 fast placers' start evaluations included "
-                         "(default 2000)")
+                    help="exact: CP-SAT seconds (default 30); sa, lns: simulator calls, the 5 fast "
+                         "placers' start evaluations included (default 2000); gdp: simulator calls, the 5 "
+                         "fast placers of its warm start, every PPO sample and the greedy placement's "
+                         "evaluation included (default 2000, at least 6); gdp-pretrained: simulator calls, "
+                         "the PPO samples and the greedy evaluation (default 2000). Wall time bounds gdp* "
+                         "only as an outer safety limit (1 h of PPO)")
     po.add_argument("--pretrained", default=None, help="gdp-pretrained: policy weights (.npz)")
     po.add_argument("--zero-shot", action="store_true",
                     help="gdp-pretrained: the pre-trained policy's placement, no updates")
