@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...simulators.mcm import MCMProblem, evaluate
+from ..solvers.mcm_lns import SUBSOLVE_S
 from .mcm_lns_env import MCMLNSEnv
 
 PPO_DEFAULTS = {"lr": 3e-4, "gamma": 0.9, "lambda_": 0.95, "entropy_coeff": 0.01, "num_epochs": 4,
@@ -75,7 +76,7 @@ LNS_STEPS_KEY = "mcm_lns_steps"
 
 
 def lns_ppo_config(problems: list[MCMProblem], *, seed: int = 0, init: str = "greedy",
-                   subsolve_s: float = 1.0, deadline: float | None = None, start_partitions=None,
+                   subsolve_s: float = SUBSOLVE_S, deadline: float | None = None, start_partitions=None,
                    ppo: dict | None = None, model: dict | None = None, num_env_runners: int = 0,
                    env: dict | None = None):
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -129,8 +130,8 @@ def _rows(result: dict, key: str) -> list[list[float]]:
 
 
 def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, init_state: dict | None = None,
-                   train: bool = True, start_partition=None, subsolve_s: float = 1.0, ppo: dict | None = None,
-                   keep_state: bool = False, env: dict | None = None) -> LNSRun:
+                   train: bool = True, start_partition=None, subsolve_s: float = SUBSOLVE_S,
+                   ppo: dict | None = None, keep_state: bool = False, env: dict | None = None) -> LNSRun:
     """Learned LNS on one graph for ``time_limit_s`` seconds from ``start_partition`` (default: greedy after
     repair); every episode restarts from the best partition so far. Counts the algorithm build in the
     budget. The result is never worse than the start. ``env``: the env settings (:func:`env_settings` of
@@ -180,7 +181,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
                   state)
 
 
-def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = 1.0,
+def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = SUBSOLVE_S,
                  ppo: dict | None = None, log=None, env: dict | None = None) -> tuple[dict, dict[str, Any]]:
     """One policy trained on ``problems`` (a random graph per episode, each episode from the greedy
     partition) for ``subsolves`` environment steps; returns the final module state and a summary
