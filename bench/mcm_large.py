@@ -1,6 +1,6 @@
 """Learned LNS on large MCM graphs at equal deterministic sub-solve budgets (issue 31, deliverables 4-6).
 
-    python bench/mcm_large.py train [--subsolves 640] [--seed 0]
+    python bench/mcm_large.py train [--subsolves 1280] [--seed 0]
     python bench/mcm_large.py eval [--seeds 0,1,2] [--methods M,...] [--workers 2]
 
 **Graphs** (:func:`graphs`): ``synthetic.layered_dag`` on ``mcm-36``, int8, batch 1, sizes, widths,
@@ -260,7 +260,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
-    t.add_argument("--subsolves", type=int, default=640)
+    t.add_argument("--subsolves", type=int, default=1280)
     t.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("eval")
     e.add_argument("--seeds", default="0,1,2")

@@ -133,7 +133,7 @@ class MCMHintEnv(gym.Env):
             raise ValueError(f"MCMHintEnv config 'starts' has {len(starts)} partitions, "
                              f"must have one per problem ({len(self.problems)})")
         self._starts = [None] * len(self.problems) if starts is None else \
-            [np.asarray(s, np.int64) for s in starts]
+            [None if s is None else np.asarray(s, np.int64) for s in starts]
         self.seed = int(cfg.get("seed", 0))
         self.episode_steps = int(cfg.get("episode_steps", EPISODE_STEPS))
         if self.episode_steps < 1:
