@@ -18,15 +18,15 @@ graph seeds). Held-out means unseen graphs of the same family, not a new archite
 * the **warm start** of every method is greedy followed by ``WARM`` = 16 greedy+LNS sub-solves (the
   rule, seed = the run's seed), so every learned/control choice starts where the simple rule's quick
   gains are taken;
-* then every method gets ``B`` = 24 more sub-solves: ``ppo-lns`` (the trained policy, sampled),
+* then every method gets ``B`` = 32 more sub-solves: ``ppo-lns`` (the trained policy, sampled),
   ``untrained`` (the same network at its initial weights, before any PPO update), ``uniform`` (uniform
   over the allowed actions), ``rule`` (greedy+LNS's rule inside this action space, no domain
   restriction), all through ``mcm_lns_hint.search``; and ``greedy+lns`` (``mcm_lns.lns`` with
   ``BottleneckChooser``, same deterministic time) continues to ``WARM + 4B`` sub-solves in one run, read
   at ``WARM + B`` (the comparison), ``WARM + 2B`` and ``WARM + 4B`` (not converged at B when the
-  objective still falls after it). ``B`` = 24 is what fits: 12 (graph, seed) pairs x (4 x 24 + 112)
-  sub-solves of about 0.5 s on this shared 2-core machine, next to the training run, before the session's
-  deadline.
+  objective still falls after it). ``B`` = 32 is what fits: 12 (graph, seed) pairs x (4 x 48 + 144)
+  sub-solves of about 0.5 s on this shared 2-core machine, next to the training run, within the
+  session's 2 hours (the warm start is recomputed by each of the four ``search`` methods).
 
 **Training** (``train``): PPO (RLlib new API stack, ``mcm_lns_ppo.train_hint_policy``) on the train split
 from each graph's warm start (seed 0), 16-sub-solve episodes, ``--subsolves`` in all; writes the initial
@@ -56,7 +56,7 @@ from _meta import code_version, command, git_state, machine  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 DET_TIME = 0.25
 WARM = 16
-B = 24
+B = 32
 SAFETY_S = 900.0
 METHODS = ("greedy+lns", "ppo-lns", "untrained", "uniform", "rule")
 POLICY = RESULTS / "mcm_large_policy.npz"
