@@ -91,7 +91,7 @@ def warm_start(problem, seed: int):
     from archplace.algorithms.search.mcm_baselines import greedy
     from archplace.algorithms.solvers.mcm_lns import lns
 
-    f, _ = greedy(problem)
+    f, _ = greedy(problem, time_limit_s=SAFETY_S)
     return lns(problem, f, SAFETY_S, seed=seed, max_subsolves=WARM, subsolve_det=DET_TIME)
 
 
@@ -105,7 +105,7 @@ def run_one(problem, method: str, seed: int) -> dict:
 
     t0 = time.perf_counter()
     if method == "greedy+lns":
-        f, _ = greedy(problem)
+        f, _ = greedy(problem, time_limit_s=SAFETY_S)
         r = lns(problem, f, SAFETY_S, seed=seed, max_subsolves=WARM + 4 * B, subsolve_det=DET_TIME)
         tr = [float(x) for x in r.trace_max_latency_s]
         at = {k: tr[min(WARM + k * B, len(tr)) - 1] for k in (1, 2, 4)}
