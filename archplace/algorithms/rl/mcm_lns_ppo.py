@@ -159,7 +159,9 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
         trace_t, trace_L = [time.perf_counter() - t0], [best_L]
         iters = subsolves = 0
         batch = int(algo.config.train_batch_size_per_learner)
-        while time.time() < deadline:
+        last_s = 0.0  # an iteration that would end past the deadline is not started (train_samples)
+        while time.time() + last_s < deadline:
+            t_it = time.time()
             if train:
                 res = algo.train()
             else:
@@ -173,6 +175,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
                     best_L, best_f = float(row[2]), np.asarray(row[3:], dtype=np.int64)
                     trace_t.append(row[1] - (deadline - time_limit_s))
                     trace_L.append(best_L)
+            last_s = time.time() - t_it
         state = module_state(algo) if keep_state else None
     finally:
         algo.stop()
