@@ -15,23 +15,25 @@ graph seeds). Held-out means unseen graphs of the same family, not a new archite
   at 0.25 a 3-chip window on a 1,000-node graph solves to optimality, a 12-chip window with free domains
   does not (UNKNOWN at 0.7 units) while the same window with per-node radius 1 does (0.28): the budget is
   where the action space's trade-off is real. Wall clock is only an outer safety limit (``SAFETY_S``);
-* the **warm start** of every method is greedy followed by ``WARM`` = 16 greedy+LNS sub-solves (the
-  rule, seed = the run's seed), so every learned/control choice starts where the simple rule's quick
-  gains are taken;
-* then every method gets ``B`` = 32 more sub-solves: ``ppo-lns`` (the trained policy, sampled),
+* the **warm start** of every method is greedy followed by ``WARM`` = 12 greedy+LNS sub-solves (the
+  rule, seed = the run's seed), computed once per (graph, seed), so every learned/control choice starts
+  where the simple rule's quick gains are taken;
+* then every method gets ``B`` = 24 more sub-solves: ``ppo-lns`` (the trained policy, sampled),
   ``untrained`` (the same network at its initial weights, before any PPO update), ``uniform`` (uniform
   over the allowed actions), ``rule`` (greedy+LNS's rule inside this action space, no domain
   restriction), all through ``mcm_lns_hint.search``; and ``greedy+lns`` (``mcm_lns.lns`` with
-  ``BottleneckChooser``, same deterministic time) continues to ``WARM + 4B`` sub-solves in one run, read
-  at ``WARM + B`` (the comparison), ``WARM + 2B`` and ``WARM + 4B`` (not converged at B when the
-  objective still falls after it). ``B`` = 32 is what fits: 12 (graph, seed) pairs x (4 x 48 + 144)
-  sub-solves of about 0.5 s on this shared 2-core machine, next to the training run, within the
-  session's 2 hours (the warm start is recomputed by each of the four ``search`` methods).
+  ``BottleneckChooser``, same deterministic time) continues for ``2B`` sub-solves, read at ``B`` (the
+  comparison) and ``2B`` (not converged at B when the objective still falls after it).
+* Sizing: the first plan (WARM 16, B 32, greedy+LNS to 4B, the warm start recomputed per method) was
+  started and stopped before any run had finished, at a machine load of 11-13 on 2 cores, where a
+  sub-solve took about 2.5 s: 12 (graph, seed) pairs x (12 + 2 x 24 + 4 x 24) = 1,872 sub-solves is what
+  fits beside the training run before the session's deadline (17:20).
 
 **Training** (``train``): PPO (RLlib new API stack, ``mcm_lns_ppo.train_hint_policy``) on the train split
-from each graph's warm start (seed 0), 16-sub-solve episodes, ``--subsolves`` in all; writes the initial
-(untrained) and final weights to ``results/mcm_large_policy.npz`` / ``mcm_large_untrained.npz`` and the
-record to ``results/mcm_large_train.json``.
+from each graph's warm start (seed 0; the run that made the committed weights used 16 warm-start
+sub-solves, the first plan's WARM, recorded in its JSON), 16-sub-solve episodes, ``--subsolves`` in
+all; writes the initial (untrained) and final weights to ``results/mcm_large_policy.npz`` /
+``mcm_large_untrained.npz`` and the record to ``results/mcm_large_train.json``.
 
 **Results** (``eval``): per graph and seed the max chip latency (µs) of every method, the ratio to
 greedy+LNS at ``WARM + B``, the gap to the best max latency any run found on that graph, the geomean of
@@ -55,8 +57,8 @@ from _meta import code_version, command, git_state, machine  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DET_TIME = 0.25
-WARM = 16
-B = 32
+WARM = 12
+B = 24
 SAFETY_S = 900.0
 METHODS = ("greedy+lns", "ppo-lns", "untrained", "uniform", "rule")
 POLICY = RESULTS / "mcm_large_policy.npz"
@@ -95,42 +97,52 @@ def warm_start(problem, seed: int):
     return lns(problem, f, SAFETY_S, seed=seed, max_subsolves=WARM, subsolve_det=DET_TIME)
 
 
-def run_one(problem, method: str, seed: int) -> dict:
+def run_pair(problem, methods: list[str], seed: int, warm: dict | None) -> dict:
+    """Every method in ``methods`` on one (graph, seed) from the common warm start (computed here when
+    ``warm`` is None); one Ray task (one CPU). Returns ``{"warm": ..., method: result, ...}``."""
     import torch
 
     torch.set_num_threads(1)
-    from archplace.algorithms.search.mcm_baselines import greedy
+    from archplace.algorithms.rl.mcm_lns_hint import RuleChooser, UniformChooser, search
     from archplace.algorithms.solvers.mcm_lns import lns
     from archplace.simulators.mcm import evaluate
 
-    t0 = time.perf_counter()
-    if method == "greedy+lns":
-        f, _ = greedy(problem, time_limit_s=SAFETY_S)
-        r = lns(problem, f, SAFETY_S, seed=seed, max_subsolves=WARM + 4 * B, subsolve_det=DET_TIME)
-        tr = [float(x) for x in r.trace_max_latency_s]
-        at = {k: tr[min(WARM + k * B, len(tr)) - 1] for k in (1, 2, 4)}
-        out = {"max_latency_s": at[1], "at_2B": at[2], "at_4B": at[4], "subsolves": r.subsolves,
-               "det_time": r.det_time, "trace": tr, "stopped": r.stopped, "kinds": r.kinds,
-               "warm_max_latency_s": tr[WARM - 1]}
-    else:
-        from archplace.algorithms.rl.mcm_lns_hint import RuleChooser, UniformChooser, search
-
+    out: dict = {}
+    if warm is None:
+        t0 = time.perf_counter()
         w = warm_start(problem, seed)
-        if method in ("ppo-lns", "untrained"):
-            from archplace.algorithms.rl.mcm_lns_ppo import PolicyChooser
-            from archplace.algorithms.rl.mcm_ppo import load_state
-
-            chooser = PolicyChooser(load_state(POLICY if method == "ppo-lns" else UNTRAINED)[0])
+        warm = {"partition": [int(c) for c in w.partition], "max_latency_s": w.max_latency_s,
+                "det_time": w.det_time, "subsolves": w.subsolves, "wall_s": time.perf_counter() - t0}
+        out["warm"] = warm
+    f0 = np.asarray(warm["partition"], dtype=np.int64)
+    for method in methods:
+        t0 = time.perf_counter()
+        if method == "greedy+lns":
+            # the rule continues for 2B sub-solves (a fresh CP-SAT seed stream): read at B and 2B
+            r = lns(problem, f0, SAFETY_S, seed=seed + 10_000, max_subsolves=2 * B, subsolve_det=DET_TIME)
+            tr = [float(x) for x in r.trace_max_latency_s]
+            part = r.partition
+            res = {"max_latency_s": tr[min(B, len(tr)) - 1], "at_2B": tr[-1], "subsolves": WARM + r.subsolves,
+                   "det_time": warm["det_time"] + r.det_time, "trace": tr, "stopped": r.stopped,
+                   "kinds": r.kinds}
         else:
-            chooser = UniformChooser() if method == "uniform" else RuleChooser()
-        r = search(problem, w.partition, chooser, B, seed=seed, det_time=DET_TIME, safety_s=SAFETY_S)
-        ev = evaluate(problem, r.partition)
-        if not ev.valid[0]:
+            if method in ("ppo-lns", "untrained"):
+                from archplace.algorithms.rl.mcm_lns_ppo import PolicyChooser
+                from archplace.algorithms.rl.mcm_ppo import load_state
+
+                chooser = PolicyChooser(load_state(POLICY if method == "ppo-lns" else UNTRAINED)[0])
+            else:
+                chooser = UniformChooser() if method == "uniform" else RuleChooser()
+            r = search(problem, f0, chooser, B, seed=seed, det_time=DET_TIME, safety_s=SAFETY_S)
+            part = r.partition
+            res = {"max_latency_s": r.max_latency_s, "subsolves": WARM + r.subsolves,
+                   "det_time": warm["det_time"] + r.det_time, "trace": r.trace_max_latency_s,
+                   "actions": r.actions}
+        if not evaluate(problem, part).valid[0]:
             raise RuntimeError(f"{method} returned an invalid partition")
-        out = {"max_latency_s": r.max_latency_s, "subsolves": WARM + r.subsolves,
-               "det_time": w.det_time + r.det_time, "trace": r.trace_max_latency_s, "actions": r.actions,
-               "warm_max_latency_s": w.max_latency_s}
-    out.update(wall_s=time.perf_counter() - t0, commit=git_state()["commit"], command=command())
+        res.update(warm_max_latency_s=warm["max_latency_s"], wall_s=time.perf_counter() - t0,
+                   commit=git_state()["commit"], command=command())
+        out[method] = res
     return out
 
 
@@ -179,27 +191,34 @@ def evaluate_all(args) -> None:
     def key(n, m, s):
         return f"{n}|{m}|{s}|det{DET_TIME}|warm{WARM}|B{B}"
 
-    todo = [(key(n, m, s), n, m, s) for s in seeds for n in probs for m in methods
-            if key(n, m, s) not in cache]
-    print(f"{len(todo)} runs to do", flush=True)
+    todo = []
+    for s in seeds:
+        for n in probs:
+            ms = [m for m in methods if key(n, m, s) not in cache]
+            if ms:
+                todo.append((n, s, ms, cache.get(key(n, "warm", s))))
+    print(f"{sum(len(t[2]) for t in todo)} runs to do in {len(todo)} tasks", flush=True)
     if todo:
         import ray
 
         ray.init(num_cpus=max(1, args.workers), include_dashboard=False, log_to_driver=False)
-        task = ray.remote(num_cpus=1, max_retries=0)(run_one)
-        pending = {task.remote(probs[n], m, s): k for k, n, m, s in todo}
+        task = ray.remote(num_cpus=1, max_retries=0)(run_pair)
+        pending = {task.remote(probs[n], ms, s, w): (n, s) for n, s, ms, w in todo}
         t0 = time.perf_counter()
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            k = pending.pop(done[0])
+            n, s = pending.pop(done[0])
+            res = ray.get(done[0])
             cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-            cache[k] = ray.get(done[0])
+            for m, r in res.items():
+                cache[key(n, m, s)] = r
             tmp = cache_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(cache))
             tmp.replace(cache_path)
-            print(f"[{time.perf_counter() - t0:5.0f} s] {k}: {cache[k]['max_latency_s'] * 1e6:.2f} us, "
-                  f"{cache[k]['subsolves']} sub-solves, {cache[k]['wall_s']:.0f} s ({len(pending)} left)",
-                  flush=True)
+            for m, r in res.items():
+                print(f"[{time.perf_counter() - t0:5.0f} s] {n}|{m}|{s}: {r['max_latency_s'] * 1e6:.2f} us, "
+                      f"{r['subsolves']} sub-solves, {r['wall_s']:.0f} s ({len(pending)} tasks left)",
+                      flush=True)
         ray.shutdown()
     report(probs, seeds, methods, cache, key, load)
 
@@ -207,7 +226,7 @@ def evaluate_all(args) -> None:
 def report(probs, seeds, methods, cache, key, load) -> None:
     have = [m for m in methods if all(key(n, m, s) in cache for n in probs for s in seeds)]
     L = {m: np.array([[cache[key(n, m, s)]["max_latency_s"] for n in probs] for s in seeds]) for m in have}
-    best = {n: min(min(cache[key(n, m, s)].get(k, np.inf) for k in ("max_latency_s", "at_2B", "at_4B"))
+    best = {n: min(min(cache[key(n, m, s)].get(k, np.inf) for k in ("max_latency_s", "at_2B"))
                    for m in have for s in seeds) for n in probs}
     out: dict = {**git_state(), "command": command(), "machine": machine(load), "det_time": DET_TIME,
                  "warm": WARM, "B": B, "seeds": seeds, "methods": have,
@@ -233,15 +252,14 @@ def report(probs, seeds, methods, cache, key, load) -> None:
                                  "seeds_better_than_greedy_lns": wins}
             print(f"  {m:<12} {geomean(L[m] / base):.4f}  seeds: {', '.join(f'{x:.4f}' for x in g)}  "
                   f"better at {wins}/{len(seeds)} seeds")
-        conv = {k: [[cache[key(n, 'greedy+lns', s)][k] for n in probs] for s in seeds]
-                for k in ("max_latency_s", "at_2B", "at_4B")}
+        conv = {k: [[cache[key(n, "greedy+lns", s)][k] for n in probs] for s in seeds]
+                for k in ("max_latency_s", "at_2B")}
         r2 = geomean(np.array(conv["at_2B"]) / np.array(conv["max_latency_s"]))
-        r4 = geomean(np.array(conv["at_4B"]) / np.array(conv["max_latency_s"]))
-        fell = sum(conv["at_4B"][si][gi] < conv["max_latency_s"][si][gi] * (1 - 1e-12)
+        fell = sum(conv["at_2B"][si][gi] < conv["max_latency_s"][si][gi] * (1 - 1e-12)
                    for si in range(len(seeds)) for gi in range(len(probs)))
-        out["convergence"] = {"greedy_lns_2B_over_B": r2, "greedy_lns_4B_over_B": r4,
-                              "runs_still_falling_after_B": fell, "runs": len(seeds) * len(probs), **conv}
-        print(f"greedy+LNS not converged at B: latency at 2B / B = {r2:.4f}, 4B / B = {r4:.4f} (geomean); "
+        out["convergence"] = {"greedy_lns_2B_over_B": r2, "runs_still_falling_after_B": fell,
+                              "runs": len(seeds) * len(probs), **conv}
+        print(f"greedy+LNS not converged at B: latency at 2B / B = {r2:.4f} (geomean); "
               f"still falling after B in {fell}/{len(seeds) * len(probs)} runs")
     def med(field):
         return {m: float(np.median([cache[key(n, m, s)][field] for n in probs for s in seeds])) for m in have}
@@ -249,7 +267,7 @@ def report(probs, seeds, methods, cache, key, load) -> None:
     walls, dets, subs = med("wall_s"), med("det_time"), med("subsolves")
     out.update(median_wall_s=walls, median_det_time=dets, median_subsolves=subs)
     print("median wall s: " + ", ".join(f"{m} {w:.0f}" for m, w in walls.items()))
-    print("median sub-solves (greedy+lns runs to WARM+4B): "
+    print("median sub-solves (greedy+lns runs to WARM+2B): "
           + ", ".join(f"{m} {w:.0f}" for m, w in subs.items()))
     dest = RESULTS / "mcm_large.json"
     dest.write_text(json.dumps(out, indent=1))
