@@ -224,10 +224,11 @@ def evaluate_all(args) -> None:
                       f"{r['subsolves']} sub-solves, {r['wall_s']:.0f} s ({len(pending)} tasks left)",
                       flush=True)
         ray.shutdown()
-    report(probs, seeds, methods, cache, key, load)
+    dest = Path(args.out) if args.out else RESULTS / "mcm_large.json"
+    report(probs, seeds, methods, cache, key, load, dest)
 
 
-def report(probs, seeds, methods, cache, key, load) -> None:
+def report(probs, seeds, methods, cache, key, load, dest: Path) -> None:
     have = [m for m in methods if all(key(n, m, s) in cache for n in probs for s in seeds)]
     L = {m: np.array([[cache[key(n, m, s)]["max_latency_s"] for n in probs] for s in seeds]) for m in have}
     best = {n: min(min(cache[key(n, m, s)].get(k, np.inf) for k in ("max_latency_s", "at_2B"))
@@ -273,7 +274,6 @@ def report(probs, seeds, methods, cache, key, load) -> None:
     print("median wall s: " + ", ".join(f"{m} {w:.0f}" for m, w in walls.items()))
     print("median sub-solves (greedy+lns runs to WARM+2B): "
           + ", ".join(f"{m} {w:.0f}" for m, w in subs.items()))
-    dest = RESULTS / "mcm_large.json"
     dest.write_text(json.dumps(out, indent=1))
     print(f"wrote {dest}")
 
@@ -289,6 +289,7 @@ def main() -> None:
     e.add_argument("--methods", default=",".join(METHODS))
     e.add_argument("--workers", type=int, default=2)
     e.add_argument("--max-nodes", type=int, default=2000, help="leave out held-out graphs larger than this")
+    e.add_argument("--out", default="", help="results JSON (default results/mcm_large.json)")
     args = ap.parse_args()
     train(args) if args.cmd == "train" else evaluate_all(args)
 
