@@ -173,3 +173,37 @@ def test_ppo_learns_the_better_neighbourhood_and_not_without_learning(ray_sessio
     f0, f1 = res["off"]
     assert f0 == pytest.approx(e0, abs=1e-9)  # the same seeded initial weights
     assert f1 == pytest.approx(f0, abs=1e-9)  # no learning: no gain
+
+
+def test_train_samples_does_not_start_an_iteration_past_the_deadline(monkeypatch):
+    """Paper PPO ran a median 16 s on a 10 s budget: the update after the deadline still ran. With 4 s
+    iterations and a 10 s deadline, two iterations run (ending at 8 s); the third would end at 12 s and
+    is not started (a fake clock: no wall time in the test)."""
+    import types
+
+    from archplace.algorithms.rl import mcm_ppo
+
+    clock = [0.0]
+    monkeypatch.setattr(mcm_ppo, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    class Algo:
+        iterations = 0
+
+        def train(self):
+            self.iterations += 1
+            clock[0] += 4.0
+            return {}
+
+    class Tracker:
+        total = 0
+
+        def update(self, res):
+            self.total += 10
+
+    algo = Algo()
+    tr = mcm_ppo.train_samples(algo, 1000, tracker=Tracker(), deadline=10.0)
+    assert algo.iterations == 2 and tr.total == 20 and clock[0] == 8.0 <= 10.0
+    clock[0] = 0.0
+    algo2 = Algo()
+    mcm_ppo.train_samples(algo2, 30, tracker=Tracker())  # no deadline: the sample budget binds
+    assert algo2.iterations == 3
