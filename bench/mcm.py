@@ -14,6 +14,10 @@ method's settings were fixed before any test graph was run.
 * ``greedy+lns``: the greedy heuristic (after repair), then CP-SAT large-neighbourhood search
   (``mcm_lns.lns``, the non-learned bottleneck-window rule) for the rest of the time;
 * ``random+lns`` / ``ppo+lns``: the sampler for half the time, then LNS from its best for the other half;
+* every LNS variant's CP-SAT sub-solve gets the same ``mcm_lns.SUBSOLVE_S`` wall seconds (issue 31:
+  PPO-LNS had 1 s against greedy+LNS's 2 s); wall-clock budgets are load-dependent (two identical 20 s
+  LNS runs gave 0.00% and 3.82%), so the comparison at equal deterministic sub-solve budgets on large
+  graphs, with untrained / uniform / rule controls, is ``bench/mcm_large.py``;
 * ``ppo-lns``: LNS whose neighbourhoods a PPO policy picks (``mcm_lns_ppo``), from the weights of
   ``bench/mcm_lns_pretrain.py`` and fine-tuned on the graph; ``ppo-lns-scratch``: the same search (the
   weights' env reward mode) from random weights (the pre-training comparison).

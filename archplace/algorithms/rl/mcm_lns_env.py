@@ -50,6 +50,7 @@ from ...simulators.mcm import MCMProblem, evaluate
 from ..search.mcm_baselines import greedy
 from ..solvers.mcm_lns import (
     FULL_SOLVE_MAX_CELLS,
+    SUBSOLVE_S,
     Neighbourhood,
     bottleneck_nodes,
     full,
@@ -144,7 +145,8 @@ def observe(problem: MCMProblem, f: np.ndarray, lat: np.ndarray, progress: float
 class MCMLNSEnv(gym.Env):
     """One LNS search as an episode (module doc). ``config``: ``problems`` (a list of
     :class:`MCMProblem`), ``seed``, ``init`` ("greedy" | "best"), ``subsolve_s`` (CP-SAT seconds per
-    sub-solve, default 1.0), ``episode_steps`` (default :data:`EPISODE_STEPS`), ``start_partitions``
+    sub-solve, default ``SUBSOLVE_S``: the same as greedy+LNS), ``episode_steps`` (default
+    :data:`EPISODE_STEPS`), ``start_partitions``
     (optional: one valid partition per problem to start from instead of greedy), ``deadline`` (optional
     unix time: later steps solve nothing and end the episode), ``reward`` ("rate" | "budget", module
     doc) and ``episode_s`` (the wall budget of a "budget" episode, default 8 s)."""
@@ -160,7 +162,7 @@ class MCMLNSEnv(gym.Env):
         self.init = str(cfg.get("init", "greedy"))
         if self.init not in ("greedy", "best"):
             raise ValueError(f"MCMLNSEnv config 'init' is {self.init!r}, must be 'greedy' or 'best'")
-        self.subsolve_s = float(cfg.get("subsolve_s", 1.0))
+        self.subsolve_s = float(cfg.get("subsolve_s", SUBSOLVE_S))
         self.episode_steps = int(cfg.get("episode_steps", EPISODE_STEPS))
         self.reward = str(cfg.get("reward", "rate"))
         if self.reward not in ("rate", "budget"):

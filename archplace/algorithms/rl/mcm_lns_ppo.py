@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...simulators.mcm import MCMProblem, evaluate
+from ..solvers.mcm_lns import SUBSOLVE_S
 from .mcm_lns_env import MCMLNSEnv
 
 PPO_DEFAULTS = {"lr": 3e-4, "gamma": 0.9, "lambda_": 0.95, "entropy_coeff": 0.01, "num_epochs": 4,
@@ -75,7 +76,7 @@ LNS_STEPS_KEY = "mcm_lns_steps"
 
 
 def lns_ppo_config(problems: list[MCMProblem], *, seed: int = 0, init: str = "greedy",
-                   subsolve_s: float = 1.0, deadline: float | None = None, start_partitions=None,
+                   subsolve_s: float = SUBSOLVE_S, deadline: float | None = None, start_partitions=None,
                    ppo: dict | None = None, model: dict | None = None, num_env_runners: int = 0,
                    env: dict | None = None):
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -129,8 +130,8 @@ def _rows(result: dict, key: str) -> list[list[float]]:
 
 
 def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, init_state: dict | None = None,
-                   train: bool = True, start_partition=None, subsolve_s: float = 1.0, ppo: dict | None = None,
-                   keep_state: bool = False, env: dict | None = None) -> LNSRun:
+                   train: bool = True, start_partition=None, subsolve_s: float = SUBSOLVE_S,
+                   ppo: dict | None = None, keep_state: bool = False, env: dict | None = None) -> LNSRun:
     """Learned LNS on one graph for ``time_limit_s`` seconds from ``start_partition`` (default: greedy after
     repair); every episode restarts from the best partition so far. Counts the algorithm build in the
     budget. The result is never worse than the start. ``env``: the env settings (:func:`env_settings` of
@@ -158,7 +159,9 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
         trace_t, trace_L = [time.perf_counter() - t0], [best_L]
         iters = subsolves = 0
         batch = int(algo.config.train_batch_size_per_learner)
-        while time.time() < deadline:
+        last_s = 0.0  # an iteration that would end past the deadline is not started (train_samples)
+        while time.time() + last_s < deadline:
+            t_it = time.time()
             if train:
                 res = algo.train()
             else:
@@ -172,6 +175,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
                     best_L, best_f = float(row[2]), np.asarray(row[3:], dtype=np.int64)
                     trace_t.append(row[1] - (deadline - time_limit_s))
                     trace_L.append(best_L)
+            last_s = time.time() - t_it
         state = module_state(algo) if keep_state else None
     finally:
         algo.stop()
@@ -180,7 +184,7 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
                   state)
 
 
-def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = 1.0,
+def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = SUBSOLVE_S,
                  ppo: dict | None = None, log=None, env: dict | None = None) -> tuple[dict, dict[str, Any]]:
     """One policy trained on ``problems`` (a random graph per episode, each episode from the greedy
     partition) for ``subsolves`` environment steps; returns the final module state and a summary
@@ -210,3 +214,113 @@ def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, s
     return state, {"iterations": len(rewards), "episode_return_mean": rewards, "subsolves": done,
                    "env": dict(ENV_DEFAULTS if env is None else env),
                    "wall_s": time.perf_counter() - t0}
+
+
+# ================================================================== budgeted learned LNS (issue 31)
+HINT_PPO_DEFAULTS = {"lr": 1e-3, "gamma": 0.99, "lambda_": 0.95, "entropy_coeff": 0.01, "num_epochs": 4,
+                     "train_batch_size_per_learner": 64, "minibatch_size": 32, "vf_loss_coeff": 0.5}
+
+
+def hint_ppo_config(problems: list[MCMProblem], *, starts=None, seed: int = 0, det_time: float | None = None,
+                    episode_steps: int | None = None, ppo: dict | None = None, model: dict | None = None):
+    """RLlib new-API-stack PPO on :class:`~archplace.algorithms.rl.mcm_lns_hint.MCMHintEnv` (the
+    action-masking module over an MLP, as :func:`lns_ppo_config`), sampling in the driver."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+
+    from .mcm_lns_hint import DET_TIME, EPISODE_STEPS, MCMHintEnv
+
+    env_cfg = {"problems": list(problems), "starts": starts, "seed": seed,
+               "det_time": DET_TIME if det_time is None else det_time,
+               "episode_steps": EPISODE_STEPS if episode_steps is None else episode_steps}
+    ppo_cfg = {**HINT_PPO_DEFAULTS, **(ppo or {})}
+    batch = int(ppo_cfg["train_batch_size_per_learner"])
+    return (
+        PPOConfig()
+        .environment(MCMHintEnv, env_config=env_cfg)
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1, rollout_fragment_length=batch)
+        .training(**ppo_cfg)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=ActionMaskingTorchRLModule,
+                                               model_config={**MODEL_DEFAULTS, **(model or {})}))
+        .debugging(seed=seed)
+    )
+
+
+def train_hint_policy(problems: list[MCMProblem], subsolves: int, *, starts=None, seed: int = 0,
+                      det_time: float | None = None, episode_steps: int | None = None,
+                      ppo: dict | None = None, log=None) -> tuple[dict, dict, dict[str, Any]]:
+    """PPO on ``problems`` (a random graph per episode, each from its ``starts`` partition) for at least
+    ``subsolves`` sub-solves. Returns the *initial* module state (the untrained control: the same weights
+    before any update), the final state and a summary (iterations, mean episode return per iteration,
+    sub-solves, CP-SAT deterministic time, wall). ``ppo={"lr": 0.0}`` switches learning off."""
+    import torch
+
+    from .mcm_ppo import module_state
+
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    algo = hint_ppo_config(problems, starts=starts, seed=seed, det_time=det_time, episode_steps=episode_steps,
+                           ppo=ppo).build_algo()
+    returns: list[float] = []
+    try:
+        init = module_state(algo)
+        done = 0
+        while done < subsolves:
+            res = algo.train()
+            done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+            r = res["env_runners"].get("episode_return_mean")
+            returns.append(float(r) if r is not None else float("nan"))
+            if log:
+                log(f"train-hint {done}/{subsolves} sub-solves, mean episode return {returns[-1]:.4f}, "
+                    f"{time.perf_counter() - t0:.0f} s")
+        final = module_state(algo)
+        env = algo.env_runner.env.unwrapped.envs[0].unwrapped
+        det = float(env.det_used)
+    finally:
+        algo.stop()
+    return init, final, {"iterations": len(returns), "episode_return_mean": returns, "subsolves": done,
+                         "det_time": det, "wall_s": time.perf_counter() - t0}
+
+
+class PolicyChooser:
+    """A policy's choice, ``obs, rng -> action``, from module weights (trained or untrained), for
+    :func:`~archplace.algorithms.rl.mcm_lns_hint.search` outside RLlib: the same module class and
+    config, built without a Ray runtime; the action is sampled from the masked softmax with ``rng``
+    (``greedy=True``: the argmax)."""
+
+    def __init__(self, state: dict, model: dict | None = None, greedy: bool = False):
+        import gymnasium as gym
+        import torch
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+        from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+
+        from .mcm_lns_hint import ACTIONS, OBS_SIZE
+
+        obs_space = gym.spaces.Dict({
+            "observations": gym.spaces.Box(-10.0, 10.0, (OBS_SIZE,), np.float32),
+            "action_mask": gym.spaces.Box(0.0, 1.0, (ACTIONS,), np.float32)})
+        spec = RLModuleSpec(module_class=ActionMaskingTorchRLModule, observation_space=obs_space,
+                            action_space=gym.spaces.Discrete(ACTIONS),
+                            model_config={**MODEL_DEFAULTS, **(model or {})}, inference_only=False)
+        self.module = spec.build()
+        self.module.set_state({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+        self.module.eval()
+        self.greedy = bool(greedy)
+
+    def probs(self, obs: dict) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            out = self.module.forward_inference({"obs": {
+                "observations": torch.as_tensor(obs["observations"][None], dtype=torch.float32),
+                "action_mask": torch.as_tensor(obs["action_mask"][None], dtype=torch.float32)}})
+            logits = out["action_dist_inputs"][0].double()
+        p = torch.softmax(logits, -1).numpy()
+        p = p * (np.asarray(obs["action_mask"]) > 0)
+        return p / p.sum()
+
+    def __call__(self, obs: dict, rng: np.random.Generator) -> int:
+        p = self.probs(obs)
+        return int(np.argmax(p)) if self.greedy else int(rng.choice(p.size, p=p))

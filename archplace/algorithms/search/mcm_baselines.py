@@ -85,12 +85,14 @@ def _repairer(problem: MCMProblem) -> MCMRepairer:
 
 
 def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = None, *,
-           with_repair: bool = False):
+           with_repair: bool = False, time_limit_s: float = 10.0):
     """The greedy heuristic's partition after FIX repair (the same repair every sampler uses), and its
-    throughput; ``with_repair=True`` adds the :class:`RepairResult` (its stage and changed nodes)."""
+    throughput; ``with_repair=True`` adds the :class:`RepairResult` (its stage and changed nodes).
+    ``time_limit_s`` is the repair's wall limit; the result does not depend on it unless it cuts the
+    repair short (an error then), so budgeted benches on a loaded machine give it a generous one."""
     rep = repairer or _repairer(problem)
     y = greedy_partition(problem)
-    res = rep.repair("fix", y=y, seed=seed)
+    res = rep.repair("fix", y=y, seed=seed, time_limit_s=time_limit_s)
     if res.partition is None:
         raise RuntimeError(f"FIX repair of the greedy partition ended {res.status}")
     tp = float(evaluate(problem, res.partition).throughput[0])

@@ -52,9 +52,13 @@ from ...simulators.mcm import MCMProblem, evaluate
 from .mcm_exact import TICKS, chip_latencies
 
 __all__ = ["Neighbourhood", "SubSolve", "LNSResult", "BottleneckChooser", "solve_neighbourhood",
-           "window", "node_subset", "bottleneck_nodes", "full", "lns", "lower_bound_s"]
+           "window", "node_subset", "bottleneck_nodes", "full", "restrict", "lns", "lower_bound_s",
+           "SUBSOLVE_S"]
 
 FULL_SOLVE_MAX_CELLS = 2500  # free nodes x chips for which the chooser may try a full solve
+# CP-SAT wall seconds per sub-solve in the wall-clock mode, the same for greedy+LNS and PPO-LNS (issue 31:
+# they had 2 s and 1 s); the budgeted comparisons use ``subsolve_det`` (deterministic time) instead
+SUBSOLVE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class SubSolve:
     bound_s: float
     wall_s: float
     free_nodes: int
+    det_time: float = 0.0  # CP-SAT deterministic time used (load-independent work units)
 
 
 @dataclass
@@ -104,6 +109,8 @@ class LNSResult:
     trace_t_s: np.ndarray  # wall time after each sub-solve
     trace_throughput: np.ndarray  # best throughput after each sub-solve
     kinds: dict[str, int] = field(default_factory=dict)  # sub-solves per neighbourhood kind
+    det_time: float = 0.0  # CP-SAT deterministic time summed over the sub-solves
+    trace_max_latency_s: np.ndarray | None = None  # best max chip latency after each sub-solve
 
     @property
     def gap(self) -> float:
@@ -114,7 +121,8 @@ class LNSResult:
         return {"lns_subsolves": self.subsolves, "lns_accepted": self.accepted, "lns_improved": self.improved,
                 "lns_rejected_memory": self.rejected_memory, "lns_wall_s": self.wall_s,
                 "lns_stopped": self.stopped, "lns_seed_throughput": self.seed_throughput,
-                "lns_bound_s": self.bound_s, "lns_gap": self.gap, "lns_kinds": dict(self.kinds)}
+                "lns_bound_s": self.bound_s, "lns_gap": self.gap, "lns_kinds": dict(self.kinds),
+                "lns_det_time": self.det_time}
 
 
 def lower_bound_s(problem: MCMProblem) -> float:
@@ -188,11 +196,27 @@ def full(problem: MCMProblem, f: np.ndarray, spare: int | None = None) -> Neighb
     return Neighbourhood("full", np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, hi_chip), "full")
 
 
+def restrict(nb: Neighbourhood, f: np.ndarray, radius: int | None) -> Neighbourhood:
+    """``nb`` with every free node's interval narrowed to ``radius`` chips either side of its chip in
+    ``f`` (a per-node domain restriction; ``None``: unchanged). A narrower domain makes a wide window's
+    model small enough for CP-SAT to finish it within a fixed deterministic time (module doc)."""
+    if radius is None:
+        return nb
+    r = int(radius)
+    if r < 0:
+        raise ValueError(f"radius is {radius}, must be >= 0 or None")
+    own = np.asarray(f)[nb.free]
+    return Neighbourhood(nb.kind, nb.free, np.maximum(nb.lo, own - r), np.minimum(nb.hi, own + r),
+                         f"{nb.label} r{r}")
+
+
 # ================================================================== the sub-problem
 def solve_neighbourhood(problem: MCMProblem, f, nb: Neighbourhood, time_limit_s: float = 2.0, seed: int = 0,
-                        num_workers: int = 1) -> SubSolve:
+                        num_workers: int = 1, det_time: float | None = None) -> SubSolve:
     """Re-solve the free nodes of ``nb`` exactly (module doc), the rest of ``f`` fixed, hinted with ``f``.
-    ``f`` must satisfy Eqs. 2–4; the returned partition does too (or is ``None``)."""
+    ``f`` must satisfy Eqs. 2–4; the returned partition does too (or is ``None``). ``det_time``: CP-SAT's
+    ``max_deterministic_time`` (load-independent work units); with it and one worker the result depends
+    only on the inputs and ``seed``, and ``time_limit_s`` is only a wall-clock safety limit."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -380,18 +404,23 @@ def solve_neighbourhood(problem: MCMProblem, f, nb: Neighbourhood, time_limit_s:
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.max_time_in_seconds = max(float(time_limit_s), 1e-3)
+    if det_time is not None:
+        if not det_time > 0:
+            raise ValueError(f"det_time is {det_time}, must be > 0")
+        prm.max_deterministic_time = float(det_time)
     prm.num_workers = int(num_workers)
     prm.random_seed = int(seed) % (2**31)
     st = solver.solve(md)
     wall = time.perf_counter() - t0
     name = solver.status_name(st)
+    dt = float(solver.deterministic_time)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SubSolve(None, name, math.inf, math.inf, wall, free.size)
+        return SubSolve(None, name, math.inf, math.inf, wall, free.size, dt)
     g_new = f.copy()
     for u in xs:
         g_new[u] = int(solver.value(ys[u]))
     return SubSolve(g_new, name, float(solver.objective_value) * tick,
-                    float(solver.best_objective_bound) * tick, wall, free.size)
+                    float(solver.best_objective_bound) * tick, wall, free.size, dt)
 
 
 # ================================================================== choosers and the loop
@@ -431,18 +460,26 @@ class BottleneckChooser:
 
 
 def lns(problem: MCMProblem, seed_partition, time_limit_s: float = 30.0, *, seed: int = 0,
-        chooser: Chooser | None = None, subsolve_s: float = 2.0, max_subsolves: int | None = None,
-        num_workers: int = 1, on_step=None) -> LNSResult:
+        chooser: Chooser | None = None, subsolve_s: float = SUBSOLVE_S, max_subsolves: int | None = None,
+        num_workers: int = 1, on_step=None, subsolve_det: float | None = None) -> LNSResult:
     """Improve a valid partition by neighbourhood re-solves for ``time_limit_s`` seconds (or
     ``max_subsolves``); the result is never worse than ``seed_partition``. ``on_step(step, nb, sub,
     accepted, best_max_latency_s)`` is called after every sub-solve (the RL environment learns from it).
-    Raises ValueError when the seed is not a valid partition (the reason from ``check``)."""
+    Raises ValueError when the seed is not a valid partition (the reason from ``check``).
+
+    ``subsolve_det``: the deterministic budget mode (issue 31). Every sub-solve, a full solve included,
+    gets the same CP-SAT ``max_deterministic_time`` (one worker unless ``num_workers`` says otherwise,
+    seeded): with ``max_subsolves`` the run is then a function of its inputs and ``seed`` alone, whatever
+    the machine load; ``time_limit_s`` stays as the outer wall-clock safety limit (``stopped`` says
+    "time" when it, not the budget, ended the run)."""
     from ...simulators.mcm import check
 
     if not time_limit_s > 0:
         raise ValueError(f"time_limit_s is {time_limit_s}, must be > 0")
     if not subsolve_s > 0:
         raise ValueError(f"subsolve_s is {subsolve_s}, must be > 0")
+    if subsolve_det is not None and not subsolve_det > 0:
+        raise ValueError(f"subsolve_det is {subsolve_det}, must be > 0")
     t0 = time.perf_counter()
     f = np.asarray(seed_partition, dtype=np.int64).copy()
     ev = evaluate(problem, f)
@@ -458,6 +495,8 @@ def lns(problem: MCMProblem, seed_partition, time_limit_s: float = 30.0, *, seed
     kinds: dict[str, int] = {}
     tt: list[float] = []
     tp: list[float] = []
+    tl: list[float] = []
+    det = 0.0
     stopped = "time"
     deadline = t0 + time_limit_s
     while True:
@@ -471,9 +510,13 @@ def lns(problem: MCMProblem, seed_partition, time_limit_s: float = 30.0, *, seed
             stopped = "bound"
             break
         nb = chooser(problem, f, lat, rng)
-        limit = min(subsolve_s * (5 if nb.kind == "full" else 1), left)  # a full solve gets 5 slots
+        if subsolve_det is None:
+            limit = min(subsolve_s * (5 if nb.kind == "full" else 1), left)  # a full solve gets 5 slots
+        else:
+            limit = left  # the deterministic limit binds; the wall clock is only the outer safety
         sub = solve_neighbourhood(problem, f, nb, time_limit_s=limit, seed=int(rng.integers(2**31)),
-                                  num_workers=num_workers)
+                                  num_workers=num_workers, det_time=subsolve_det)
+        det += sub.det_time
         steps += 1
         kinds[nb.kind] = kinds.get(nb.kind, 0) + 1
         ok = False
@@ -493,9 +536,11 @@ def lns(problem: MCMProblem, seed_partition, time_limit_s: float = 30.0, *, seed
             on_step(steps, nb, sub, ok, best_L)
         tt.append(time.perf_counter() - t0)
         tp.append(1.0 / best_L if best_L > 0 else math.inf)
+        tl.append(best_L)
         if nb.kind == "full" and sub.status == "OPTIMAL" and ok:
             stopped = "optimal"
             bound = best_L
             break
     return LNSResult(f, 1.0 / best_L if best_L > 0 else math.inf, best_L, seed_tp, steps, accepted, improved,
-                     rej_mem, time.perf_counter() - t0, stopped, bound, np.asarray(tt), np.asarray(tp), kinds)
+                     rej_mem, time.perf_counter() - t0, stopped, bound, np.asarray(tt), np.asarray(tp), kinds,
+                     det, np.asarray(tl))
