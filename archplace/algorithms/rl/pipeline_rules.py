@@ -134,17 +134,39 @@ def lookahead_rule(env: PipelineCutEnv, plans: int | None = 1, *, epsilon: float
     return _result(found, _score(env, found), t0, env, calls0, budget, exhausted)
 
 
+def _random_batch(env: PipelineCutEnv, n: int, rng: np.random.Generator) -> list[np.ndarray | None]:
+    """``n`` random plans at once: at every cut a uniformly random open pivot (the mask of ``_mask`` for
+    each plan's last cut, vectorised over the plans); a plan with no open pivot is a dead end (None)."""
+    prof, k = env.profile, env.num_stages
+    tv = prof.trainable_prefix
+    piv = env.pivots
+    last = np.zeros(n, np.int64)
+    alive = np.ones(n, bool)
+    cuts = np.zeros((n, k - 1), np.int64)
+    for j in range(k - 1):
+        ok = env.window[j][None, :] & (piv[None, :] > last[:, None])
+        ok &= (tv[piv][None, :] - tv[last][:, None]) >= 1
+        ok &= (tv[-1] - tv[piv] >= k - j - 1)[None, :]
+        count = ok.sum(axis=1)
+        alive &= count > 0
+        pick = np.minimum((rng.random(n) * count).astype(np.int64), np.maximum(count - 1, 0))
+        # the pick-th open pivot of each row: the first position where the running count passes it
+        idx = np.argmax(np.cumsum(ok, axis=1) > pick[:, None], axis=1)
+        cuts[:, j] = np.where(alive, piv[idx], 0)
+        last = np.where(alive, piv[idx], last)
+    return [cuts[i] if alive[i] else None for i in range(n)]
+
+
 def random_plans(env: PipelineCutEnv, plans: int | None = None, *, wall_s: float | None = None, seed: int = 0,
                  chunk: int = 256, max_plans: int = 1_000_000, budget: int | None = None) -> RuleSearch:
     """Best of ``plans`` uniformly random valid plans, of as many as ``budget`` simulator calls pay for
     (one per completed plan: a random cut scores no feature), or of as many as fit in ``wall_s``
-    seconds; exactly one of the three."""
+    seconds; exactly one of the three. Plans are drawn ``chunk`` at a time, vectorised."""
     if sum(x is not None for x in (plans, wall_s, budget)) != 1:
         raise ValueError("give exactly one of plans, wall_s and budget")
     _check_budget(budget)
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
-    saved = env.cuts
     calls0 = (env.sim_calls, env.feature_calls)
     found: list[np.ndarray | None] = []
     lengths: list[np.ndarray] = []
@@ -152,12 +174,11 @@ def random_plans(env: PipelineCutEnv, plans: int | None = None, *, wall_s: float
     complete = 0
     while len(found) < target and (budget is None or complete < budget):
         n = min(chunk, target - len(found)) if budget is None else min(chunk, budget - complete)
-        batch = [_walk(env, lambda o: int(rng.choice(o))) for _ in range(n)]
+        batch = _random_batch(env, n, rng)
         found += batch
         complete += sum(p is not None for p in batch)
         lengths.append(_score(env, batch))
         if wall_s is not None and time.perf_counter() - t0 >= wall_s:
             break
-    env.cuts = saved
     return _result(found, np.concatenate(lengths) if lengths else np.zeros(0), t0, env, calls0, budget,
                    budget is not None and complete >= budget)
