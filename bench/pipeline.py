@@ -379,11 +379,11 @@ def main() -> None:
             cache_path.write_text(json.dumps(cache))
     for case in todo_cases:
         dps[case] = cache[f"{version}|{case.key}{tag}|dp"]
-    # seed by seed, cheap methods first, so an interrupted run has every case at the first seeds
+    # seed by seed, case by case, cheap methods first: an interrupted run has whole cases (every method)
     order = sorted(methods, key=lambda m: m in DQN_VARIANTS)
     for seed in seeds:
-        for m in order:
-            for case in todo_cases:
+        for case in todo_cases:
+            for m in order:
                 if dps[case]["oom"] or (m == "argmax" and seed != seeds[0]):
                     continue  # argmax is deterministic
                 k = f"{version}|{case.key}{tag}|seed{seed}|{m}|evals{args.plans}"
