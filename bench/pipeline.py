@@ -395,7 +395,8 @@ def main() -> None:
         done, _ = ray.wait(list(pending), num_returns=1, timeout=7200)
         for ref in done:
             k = pending.pop(ref)
-            cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command()}
+            cache[k] = {**ray.get(ref, timeout=60), "commit": git_state()["commit"], "command": command(),
+                        "loadavg_done": list(os.getloadavg())}   # the shared machine's load at its end
             cache_path.write_text(json.dumps(cache))
             print(f"[{n - len(pending)}/{n} {time.perf_counter() - t0:.0f} s] {k.split('|', 1)[1]}: "
                   f"wall {cache[k]['wall_s']:.1f} s", flush=True)

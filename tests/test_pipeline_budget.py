@@ -82,6 +82,28 @@ def test_env_never_exceeds_its_budget(monkeypatch, budget):
     spent = env.calls
     env.reset()
     assert env.step(0)[3] and env.calls == spent      # out of budget: nothing more is evaluated
+    # once exhausted, nothing is scored even where what is left would pay for a smaller cut's features
+    # (exhaustion at a wide cut, then a reset to a narrower first cut)
+    e = _env(eval_budget=10**6)
+    e.reset()
+    e.exhausted = True
+    before = e.calls
+    obs, info = e.reset()
+    assert info == {"budget_exhausted": True} and e.calls == before and obs["action_mask"].sum() == 1
+    assert e.step(0)[3] and e.calls == before
+    # however the budget ran out (at a first cut or in mid-episode), later observations score nothing
+    for b in range(0, 700, 7):
+        e = _env(eval_budget=b)
+        obs, _ = e.reset()
+        for _ in range(30):
+            obs, _, done, trunc, _ = e.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+            if done or trunc:
+                obs, _ = e.reset()
+        assert e.exhausted and e.calls <= b
+        before = e.calls
+        for _ in range(10):
+            obs, _, done, trunc, _ = e.step(int(np.flatnonzero(obs["action_mask"])[-1]))
+            assert trunc and e.calls == before
     with pytest.raises(ValueError, match="eval_budget is -1"):
         _env(eval_budget=-1)
 

@@ -201,7 +201,7 @@ class PipelineCutEnv(gym.Env):
         ctx[-1] = self.profile.compute_s_prefix[last] / self.c_total
         p = len(self.pivots)
         nf = self.observation_space["pivots"].shape[1]
-        if not done:
+        if not done and not self.exhausted:   # once the budget is spent nothing more is scored
             mask = self._mask()
             idx = np.flatnonzero(mask)
             # this cut's features and the plan's final simulator call must fit in the budget
