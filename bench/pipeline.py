@@ -24,7 +24,12 @@ space), mean [min, max] over seeds, and its evaluations. ``nolook`` / ``n3`` sti
 equal-wall-time random search is gone (wall time is no budget). The issue-31 run:
 ``--cases table7 --methods dqn,dqn-off,argmax,argmax-eps,random --out bench/results/pipeline_evals
 --cache bench/results/pipeline_evals_runs.json`` (the large cases take 4-18 min per DQN search on
-this shared 2-core machine and were left out).
+this shared 2-core machine and were left out). Committed: ``bench/results/pipeline_evals.{txt,json}``,
+all 11 feasible Table 7 cases (t5-11b / A: no plan fits), seeds 0, 1, 2, every method, at commit
+66f5c2a in one invocation (143 tasks, 26 min; each task's load average in ``_runs.json``). The same
+run at the code before 66f5c2a (whose only change is that an exhausted env scores nothing more) gave
+identical plans and counts. Every pruned Table 7 episode scores its whole windows, so the DQN completes
+exactly 250 plans and spends exactly its budget; random search completes one plan per evaluation.
 
 The budget before issue 31:
 
