@@ -35,7 +35,7 @@ def pipeline_run(runners: int, steps: int, seed: int) -> dict:
 
     prof, cl = model_profile("bert-48"), cluster_of("B")
     t0 = time.perf_counter()
-    r = dqn_search(prof, cl, 3, steps, seed=seed, num_env_runners=runners)
+    r = dqn_search(prof, cl, 3, budget_steps=steps, seed=seed, num_env_runners=runners)
     wall = time.perf_counter() - t0
     return {"env_steps": r.env_steps, "wall_s": wall, "env_steps_per_s": r.env_steps / wall,
             "plans": r.plans, "best_length_s": r.best_length_s, "greedy_length_s": r.greedy_length_s}

@@ -63,7 +63,7 @@ def pipe_run(model: str, cluster: str, seed: int, dqn: dict | None) -> dict:
     torch.set_num_threads(1)
     prof, cl = model_profile(model), cluster_of(cluster)
     k = cl.num_servers
-    r = dqn_search(prof, cl, k, PIPE_PLANS * (k - 1), seed=seed, dqn=dqn)
+    r = dqn_search(prof, cl, k, budget_steps=PIPE_PLANS * (k - 1), seed=seed, dqn=dqn)
     return {"best_length_s": None if r.best_oom else r.best_length_s,
             "greedy_length_s": None if r.greedy_oom else r.greedy_length_s, "wall_s": r.wall_s,
             "plans": r.plans}

@@ -165,7 +165,7 @@ def test_short_seeded_dqn_beats_random_cuts(ray_session):
     from archplace.algorithms.rl.pipeline_dqn import dqn_search
 
     env = _env()
-    res = dqn_search(bert_profile(), v100_cluster("B"), 3, 800, seed=0,
+    res = dqn_search(bert_profile(), v100_cluster("B"), 3, budget_steps=800, seed=0,
                      dqn={"num_steps_sampled_before_learning_starts": 100})
     rand = env.random_plan_lengths(res.plans, seed=0)
     assert res.env_steps >= 800
@@ -304,6 +304,7 @@ def test_seeded_dqn_search_is_reproducible(ray_session):
     runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        r = dqn_search(bert_profile(), v100_cluster("B"), 3, 384, seed=3)
-        runs.append((r.best_length_s, r.greedy_length_s, [float(x) for x in r.history]))
+        r = dqn_search(bert_profile(), v100_cluster("B"), 3, 32_000, seed=3)
+        runs.append((r.best_length_s, r.greedy_length_s, [float(x) for x in r.history], r.simulator_calls,
+                     r.feature_calls, r.env_steps))
     assert runs[0] == runs[1]

@@ -40,7 +40,8 @@ class PipelineRequest(Request):
     cluster: str = "C"              # A, B or C: 2, 3 or 4 servers of 8 V100
     stages: int | None = None       # K (None: the number of servers)
     algo: str = "dp"                # dp (unpruned), rainbow, pretrained (both need a running Ray), exact
-    budget: int | None = None       # rainbow: environment steps (None: 1300 per cut)
+    budget: int | None = None       # rainbow: cost-model evaluations, simulator calls + feature rows
+    #                                 (None: 1300 plans' worth, pipeline_dqn.default_eval_budget)
     seed: int = 0
     finetune: int = 0               # pretrained: fine-tuning steps (0: zero-shot)
     radius: int = 3                 # rainbow, pretrained, exact: pruning radius (devices) around server
@@ -85,7 +86,8 @@ class PipelineRequest(Request):
             raise invalid("stages", f"must be in [2, 8], got {k!r}")
         check_choice("algo", self.algo, PIPELINE_ALGOS)
         if self.budget is not None and not (is_int(self.budget) and self.budget >= 1):
-            raise invalid("budget", f"must be a positive number of environment steps, got {self.budget!r}")
+            raise invalid("budget", f"must be a positive number of cost-model evaluations, "
+                                    f"got {self.budget!r}")
         check_int("seed", self.seed, low=0)
         if not (is_int(self.finetune) and self.finetune >= 0):
             raise invalid("finetune", f"must be >= 0 environment steps, got {self.finetune!r}")
@@ -229,20 +231,35 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
     steps.stage("optimum", length_s=opt.length_s, evaluated=opt.evaluated)
     space = {"space": "all contiguous cut sets (unpruned)" if req.algo == "dp"
              else f"pruned candidates (radius {req.radius})"}
+    # Every algo reports what it spent in cost-model evaluations (issue 31): ``simulator_calls`` counts
+    # complete plans scored by the simulator plus, for the agents, the feature rows (one per open pivot
+    # per step, the lookahead estimate); dp_states are the DP's per-stage costs, reported apart.
     if req.algo == "dp":
         cuts = opt.cuts
         space.update(subproblems=opt.subproblems, boxes=opt.boxes, proven_optimal=opt.optimal)
-        details = {"dp_wall_s": opt.wall_s, "dp_states": opt.evaluated}
+        details = {"dp_wall_s": opt.wall_s, "dp_states": opt.evaluated,
+                   "simulator_calls": opt.plan_evaluations}
     elif req.algo == "exact":
-        cuts, details = opt.cuts, {"evaluated": opt.evaluated}
+        cuts, details = opt.cuts, {"evaluated": opt.evaluated, "simulator_calls": opt.evaluated + 1}
     else:
-        from ..algorithms.rl.pipeline_dqn import default_budget, dqn_search, load_state, pretrained_plan
+        from ..algorithms.rl.pipeline_dqn import (
+            default_search_budget,
+            dqn_search,
+            load_state,
+            pretrained_plan,
+        )
 
         if req.algo == "rainbow":
-            run = dqn_search(prof, cl, k, req.budget or default_budget(k), seed=req.seed, radius=req.radius,
+            budget = req.budget or default_search_budget(prof, cl, k, req.radius)
+            run = dqn_search(prof, cl, k, budget, seed=req.seed, radius=req.radius,
                              num_env_runners=req.env_runners, num_learners=req.learners)
             cuts = run.best_cuts
             details = {"env_steps": run.env_steps, "plans_evaluated": run.plans,
+                       "budget": budget, "simulator_calls": run.simulator_calls,
+                       "env_step_calls": run.env_step_calls, "feature_calls": run.feature_calls,
+                       "greedy_calls": run.greedy_calls, "budget_exhausted": run.budget_exhausted,
+                       "stopped": run.stopped,
+                       "best_seen_length_s": None if run.best_seen_oom else run.best_seen_length_s,
                        "env_runners": req.env_runners, "env_runner_nodes": run.env_runner_nodes,
                        "greedy": describe(prof, cl, run.greedy_cuts)}
         else:
@@ -250,7 +267,9 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
             zs = pretrained_plan(state, prof, cl, k, finetune_steps=req.finetune, seed=req.seed)
             cuts = zs.cuts
             details = {"pretrained": req.weights(), "pretrained_steps": meta.get("steps"),
-                       "finetune_steps": zs.finetune_steps, "coarse_cuts": zs.coarse_cuts.tolist()}
+                       "finetune_steps": zs.finetune_steps, "coarse_cuts": zs.coarse_cuts.tolist(),
+                       "simulator_calls": zs.simulator_calls, "env_step_calls": zs.env_step_calls,
+                       "feature_calls": zs.feature_calls}
         steps.stage("search", cuts=cuts)
     plan = describe(prof, cl, cuts)
     best = describe(prof, cl, opt.cuts)

@@ -47,6 +47,10 @@ def print_pipeline(res: dict[str, Any]) -> None:
     print(f"  layers       {', '.join(res['cut_layers'])}")
     print(f"  device cuts  {res['device_cuts']}  (devices per stage {res['devices']})")
     print(f"  L            {res['length_s']:.4f} s per iteration{'  OUT OF MEMORY' if res['oom'] else ''}")
+    if "budget" in res:
+        print(f"  spent        {res['simulator_calls']:,} of {res['budget']:,} cost-model evaluations "
+              f"({res['env_step_calls']:,} simulator calls, {res['feature_calls']:,} feature rows; "
+              f"stopped: {res['stopped']})")
     if dp:
         print(f"  optimum      over all contiguous cut sets (unpruned), by dynamic programming in "
               f"{o['wall_s']:.2f} s ({o['evaluated']:,} DP states, {o['subproblems']} subproblems)"
@@ -68,7 +72,9 @@ def add_pipeline_parser(sub) -> None:
                          "programming; rainbow, pretrained: the DQN agents (Ray); exact: enumeration of "
                          "the pruned candidates")
     pp.add_argument("--budget", type=int, default=None,
-                    help="rainbow: environment steps (default 1300 per cut)")
+                    help="rainbow: cost-model evaluations, i.e. simulator calls of completed plans plus the "
+                         "lookahead/feature rows of every open pivot at every step (default: 1300 plans' "
+                         "worth); the search stops there and says so")
     pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
     pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
     pp.add_argument("--radius", type=int, default=3, help="rainbow, pretrained, exact: pruning radius "

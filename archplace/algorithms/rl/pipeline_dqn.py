@@ -3,8 +3,18 @@
 The thin Ray layer over :class:`~archplace.algorithms.rl.pipeline_env.PipelineCutEnv` and
 :class:`~archplace.algorithms.rl.pivot_q_module.PivotQModule`: :func:`build_dqn` makes an RLlib
 new-API-stack DQN ``Algorithm`` from ``tune_configs/pipeline_dqn.yaml`` (one in-process env runner
-and learner, so one search is one Ray task); :func:`dqn_search` trains it for a budget of environment
-steps and returns the best plan it evaluated and the greedy (ε = 0) plan of the final Q-network.
+and learner, so one search is one Ray task); :func:`dqn_search` trains it for a budget of cost-model
+evaluations and returns the best plan it evaluated and the greedy (ε = 0) plan of the final Q-network.
+
+Budgets (issue 31): the features score the cost model at every open pivot of every step, so a search
+that counted only its completed plans ("250 simulator calls") spent up to ~1.2 M evaluations. A budget
+here is in cost-model evaluations, simulator calls of completed plans plus feature rows (see
+:mod:`~archplace.algorithms.rl.pipeline_env`), and covers the final greedy rollout too: that rollout's
+worst case (every window's features and one call) is set aside first, the environments get the rest
+(split evenly over the env runners) and stop when it is spent, and the search ends when every
+environment has stopped. The counts are read off the environments themselves, so they include an
+episode still in flight. No wall clock decides anything; ``safety_wall_s`` is only an outer limit, and a
+search it stops says so (``stopped``).
 """
 
 from __future__ import annotations
@@ -84,6 +94,50 @@ def default_budget(num_stages: int) -> int:
     return int(load_config()["search"]["steps_per_cut"]) * max(1, num_stages - 1)
 
 
+def plan_cost(env: PipelineCutEnv) -> int:
+    """The most evaluations one episode can cost: every cut's whole window of features and the final
+    simulator call (the open pivots at a cut are a subset of its window)."""
+    return int(env.window.sum()) + 1
+
+
+def default_eval_budget(env: PipelineCutEnv) -> int:
+    """Cost-model evaluations for a search: ``steps_per_cut`` plans at :func:`plan_cost` each, plus the
+    greedy rollout's reserve, so that the default search completes at least the ``steps_per_cut`` ×
+    (K − 1) environment steps it took before evaluations were counted."""
+    return (int(load_config()["search"]["steps_per_cut"]) + 1) * plan_cost(env)
+
+
+def default_search_budget(profile: PipelineProfile, cluster: Cluster, num_stages: int,
+                          radius: int | None = 3) -> int:
+    """:func:`default_eval_budget` of the case's environment (what ``archplace pipeline --algo rainbow``
+    spends without ``--budget``)."""
+    from ..solvers.pipeline_exact import candidate_pivots
+
+    cand = candidate_pivots(profile, cluster, num_stages, radius)
+    env = PipelineCutEnv({"profile": profile, "cluster": cluster, "num_stages": num_stages,
+                          "candidates": cand})
+    return default_eval_budget(env)
+
+
+def env_counts(algo) -> dict[str, Any]:
+    """Evaluations spent by the environments of every env runner (the driver's own when it samples):
+    ``sim_calls``, ``feature_calls``, ``live_steps`` summed, ``exhausted`` (all envs out of budget)."""
+
+    def read(runner) -> list[tuple[int, int, int, bool]]:
+        vec = getattr(runner, "env", None)
+        if vec is None:
+            return []
+        return [(e.unwrapped.sim_calls, e.unwrapped.feature_calls, e.unwrapped.live_steps,
+                 e.unwrapped.exhausted) for e in vec.unwrapped.envs]
+
+    remote = algo.env_runner_group.num_remote_env_runners() > 0
+    rows = [r for part in algo.env_runner_group.foreach_env_runner(read, local_env_runner=not remote)
+            for r in part]
+    return {"sim_calls": sum(r[0] for r in rows), "feature_calls": sum(r[1] for r in rows),
+            "live_steps": sum(r[2] for r in rows), "exhausted": bool(rows) and all(r[3] for r in rows),
+            "envs": len(rows)}
+
+
 def current_module(algo):
     """The Q-module with the learner's current weights, in this process, wherever the env runners and
     learners live (the local runner's copy, or one fetched from a remote runner)."""
@@ -126,7 +180,8 @@ class PlanTracker:
 
 
 def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
-    """Roll out the argmax-Q policy (masked) once; the pivots it cuts at."""
+    """Roll out the argmax-Q policy (masked) once; the pivots it cuts at (``env`` counts what the rollout
+    evaluates and keeps the plan's L in ``best_length_s``)."""
     import torch
     from ray.rllib.core.columns import Columns
 
@@ -137,7 +192,9 @@ def greedy_plan(algo, env: PipelineCutEnv) -> np.ndarray:
         batch = {Columns.OBS: {k: torch.as_tensor(v)[None] for k, v in obs.items()}}
         with torch.no_grad():
             a = int(module.forward_inference(batch)[Columns.ACTIONS][0])
-        obs, _, done, _, _ = env.step(a)  # raises if the action is masked
+        obs, _, done, trunc, _ = env.step(a)  # raises if the action is masked
+        if trunc:
+            raise RuntimeError("the greedy rollout ran out of its evaluation reserve")
     return np.asarray(env.cuts, dtype=np.int64)
 
 
@@ -157,50 +214,97 @@ class DQNSearch:
     history: np.ndarray  # best feasible L after each evaluated plan
     state: dict[str, Any] | None = field(default=None, repr=False)
     env_runner_nodes: list[str] = field(default_factory=list)   # Ray node of each remote env runner
+    best_seen_length_s: float = np.inf   # the best plan the search evaluated (before the greedy one)
+    best_seen_oom: bool = True
+    budget: int | None = None        # cost-model evaluations (None: a budget of env steps)
+    env_step_calls: int = 0          # completed plans scored by the simulator (the greedy one included)
+    feature_calls: int = 0           # open pivots' feature rows scored (the greedy rollout's included)
+    greedy_calls: int = 0            # of which the greedy rollout's
+    budget_exhausted: bool = False   # every environment stopped at the budget
+    stopped: str = "budget"          # budget | steps (budget_steps) | safety_wall_s
+    learning: bool = True            # False: the control with no Q updates (an untrained Q-network)
+
+    @property
+    def simulator_calls(self) -> int:
+        """Every cost-model evaluation the search made: simulator calls plus feature evaluations."""
+        return self.env_step_calls + self.feature_calls
 
 
-def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_steps: int, *,
-               seed: int = 0, radius: int = 3, dqn: dict | None = None, model: dict | None = None,
-               keep_state: bool = False, num_env_runners: int = 0, num_learners: int = 0,
-               env_options: dict | None = None) -> DQNSearch:
-    """Train the DQN from scratch for ``budget_steps`` environment steps (online training, §9), on
-    ``num_env_runners`` remote env runners (0: in this process) and ``num_learners`` learners.
-    ``radius=None`` plans over every pivot (unpruned); ``env_options`` go to the env config as they are
-    (``lookahead``, ``max_stages``)."""
+def dqn_search(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget: int | None = None, *,
+               budget_steps: int | None = None, seed: int = 0, radius: int | None = 3,
+               dqn: dict | None = None, model: dict | None = None, keep_state: bool = False,
+               num_env_runners: int = 0, num_learners: int = 0, env_options: dict | None = None,
+               learning: bool = True, safety_wall_s: float | None = None) -> DQNSearch:
+    """Train the DQN from scratch (online training, §9) for ``budget`` cost-model evaluations (see the
+    module docstring), or, given ``budget_steps`` instead, for that many environment steps with the
+    evaluations counted but not capped; on ``num_env_runners`` remote env runners (0: in this process)
+    and ``num_learners`` learners. ``learning=False`` is the control: the same search and exploration
+    schedule with no Q update (the network keeps its seeded initial weights). ``radius=None`` plans
+    over every pivot (unpruned); ``env_options`` go to the env config as they are (``lookahead``,
+    ``max_stages``)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from ...simulators.pipeline import evaluate
     from ..solvers.pipeline_exact import candidate_pivots
 
-    if budget_steps < 1:
-        raise ValueError(f"budget must be >= 1 environment steps, got {budget_steps}")
+    if (budget is None) == (budget_steps is None):
+        raise ValueError("give exactly one of budget (cost-model evaluations) and budget_steps")
     t0 = time.perf_counter()
     cand = candidate_pivots(profile, cluster, num_stages, radius)
     env_cfg = {"profile": profile, "cluster": cluster, "num_stages": num_stages, "radius": radius,
                "candidates": cand, **(env_options or {})}
-    algo = build_dqn(env_cfg, seed=seed, budget_steps=budget_steps, dqn=dqn, model=model,
+    reserve = plan_cost(PipelineCutEnv(env_cfg))
+    runners = max(1, num_env_runners)
+    if budget is not None:
+        if isinstance(budget, bool) or int(budget) != budget or budget < reserve + runners * reserve:
+            raise ValueError(f"budget is {budget!r}; allowed: an integer >= {reserve + runners * reserve} "
+                             f"cost-model evaluations (one plan per env runner and the greedy rollout, "
+                             f"{reserve} each at most)")
+        per_env = (int(budget) - reserve) // runners
+        # the fewest steps the budget buys: every cut scoring its whole window (sets ε's schedule)
+        steps_hint = max(1, per_env * runners // reserve * (num_stages - 1))
+        train_cfg = {**env_cfg, "eval_budget": per_env}
+    else:
+        if budget_steps < 1:
+            raise ValueError(f"budget_steps must be >= 1 environment steps, got {budget_steps}")
+        steps_hint, train_cfg = int(budget_steps), env_cfg
+    if not learning:   # the control: never start learning (the replay fills, no update is made)
+        dqn = {**(dqn or {}), "num_steps_sampled_before_learning_starts": 2**62}
+    algo = build_dqn(train_cfg, seed=seed, budget_steps=steps_hint, dqn=dqn, model=model,
                      num_env_runners=num_env_runners, num_learners=num_learners)
     track = PlanTracker()
+    stopped = "budget" if budget is not None else "steps"
     try:
         steps = 0
-        while steps < budget_steps:
+        while True:
+            counts = env_counts(algo)
+            if budget is not None and counts["exhausted"]:
+                break
+            if budget is None and steps >= budget_steps:
+                break
+            if safety_wall_s is not None and time.perf_counter() - t0 > safety_wall_s:
+                stopped = "safety_wall_s"
+                break
             res = algo.train()
             track.update(res)
             steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-        g = greedy_plan(algo, PipelineCutEnv(env_cfg))
-        r = evaluate(profile, cluster, g[None, :])
+        genv = PipelineCutEnv({**env_cfg, "eval_budget": reserve})
+        g = greedy_plan(algo, genv)
         state = algo.learner_group.get_weights()[DEFAULT_MODULE_ID] if keep_state else None
         from .mcm_ppo import env_runner_nodes
 
         nodes = env_runner_nodes(algo)
     finally:
         algo.stop()
+    g_len, g_oom = genv.best_length_s, genv.best_oom
     best_cuts, best_len, best_oom = track.best_cuts, track.best_length_s, track.best_oom
-    if (bool(r.oom[0]), float(r.length_s[0])) < (best_oom, best_len):
-        best_cuts, best_len, best_oom = g, float(r.length_s[0]), bool(r.oom[0])
-    return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(r.length_s[0]), bool(r.oom[0]),
-                     steps, track.plans, time.perf_counter() - t0, np.asarray(track.history), state,
-                     nodes)
+    seen_len, seen_oom = best_len, best_oom
+    if (g_oom, g_len) < (best_oom, best_len):
+        best_cuts, best_len, best_oom = g, g_len, g_oom
+    return DQNSearch(best_cuts, float(best_len), bool(best_oom), g, float(g_len), bool(g_oom),
+                     counts["live_steps"], track.plans, time.perf_counter() - t0, np.asarray(track.history),
+                     state, nodes, float(seen_len), bool(seen_oom), None if budget is None else int(budget),
+                     counts["sim_calls"] + genv.sim_calls, counts["feature_calls"] + genv.feature_calls,
+                     genv.calls, bool(counts["exhausted"]), stopped, bool(learning))
 
 
 # ---------------------------------------------------------------------- online inference (spec §10)
@@ -257,6 +361,12 @@ class PretrainedPlan:
     oom: bool
     finetune_steps: int
     wall_s: float
+    env_step_calls: int = 0   # plans scored by the simulator: fine-tuning's, the greedy one, the real one
+    feature_calls: int = 0    # feature rows scored on the coarse profile (fine-tuning and greedy rollout)
+
+    @property
+    def simulator_calls(self) -> int:
+        return self.env_step_calls + self.feature_calls
 
 
 def pretrained_plan(state: dict[str, Any], profile: PipelineProfile, cluster: Cluster, num_stages: int,
@@ -276,13 +386,16 @@ def pretrained_plan(state: dict[str, Any], profile: PipelineProfile, cluster: Cl
         while steps < finetune_steps:
             res = algo.train()
             steps = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-        coarse = greedy_plan(algo, PipelineCutEnv(env_cfg))
+        tuned = env_counts(algo) if finetune_steps else {"sim_calls": 0, "feature_calls": 0}
+        genv = PipelineCutEnv(env_cfg)
+        coarse = greedy_plan(algo, genv)
     finally:
         algo.stop()
     cuts = coarse_to_real_pivots(cp, coarse)
     r = evaluate(profile, cluster, cuts[None, :])
     return PretrainedPlan(coarse, cuts, float(r.length_s[0]), bool(r.oom[0]), steps,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, tuned["sim_calls"] + genv.sim_calls + 1,
+                          tuned["feature_calls"] + genv.feature_calls)
 
 
 def save_state(path, state: dict[str, Any], **meta: Any) -> None:
@@ -307,7 +420,7 @@ def sweep(profile: PipelineProfile, cluster: Cluster, num_stages: int, budget_st
     grid = grid if grid is not None else load_config()["sweep"]
 
     def trial(config: dict) -> None:
-        r = dqn_search(profile, cluster, num_stages, budget_steps, seed=seed, dqn=dict(config))
+        r = dqn_search(profile, cluster, num_stages, budget_steps=budget_steps, seed=seed, dqn=dict(config))
         tune.report({"length_s": r.best_length_s if not r.best_oom else float("inf"),
                      "greedy_length_s": r.greedy_length_s, "env_steps": r.env_steps, "wall_s": r.wall_s})
 

@@ -30,6 +30,16 @@ the paper's −1/√L for OOM so any feasible plan outranks every infeasible one
 
 Every completed plan is logged (``best_cuts``, ``best_length_s``, ``plans_evaluated``) so a search
 keeps the best plan it has seen.
+
+**Cost-model evaluations (issue 31).** The features are the cost model run on a tentative plan per
+open pivot, so they are counted as evaluations like the simulator call that scores a completed plan:
+``sim_calls`` counts plans scored by :func:`~archplace.simulators.pipeline.evaluate` (one per completed
+plan), ``feature_calls`` counts tentative plans scored for the features (one per open pivot per
+observation; masked pivots are not scored, their rows are zeros, which the Q-network never reads), and
+``calls`` is their sum. With ``eval_budget`` in the config the env never spends more: before an
+observation it checks that the open pivots' features plus the plan's final simulator call still fit;
+if not it sets ``exhausted`` and from then on every episode ends at once (``truncated``, info
+``budget_exhausted``) without scoring anything, so an RLlib runner that keeps sampling spends nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +85,14 @@ class PipelineCutEnv(gym.Env):
         self.best_length_s = np.inf
         self.best_oom = True
         self.plans_evaluated = 0
+        budget = cfg.get("eval_budget")
+        if budget is not None and (isinstance(budget, bool) or int(budget) != budget or budget < 0):
+            raise ValueError(f"eval_budget is {budget!r}; allowed: None or an integer >= 0 evaluations")
+        self.eval_budget = None if budget is None else int(budget)
+        self.sim_calls = 0       # completed plans scored by the simulator
+        self.feature_calls = 0   # tentative plans scored for the features (one per open pivot)
+        self.live_steps = 0      # steps taken before the budget ran out
+        self.exhausted = False
         self.history: list[float] = []  # best feasible L after each plan (inf until one)
 
     def _load(self, profile: PipelineProfile, cluster: Cluster, num_stages: int,
@@ -105,10 +123,28 @@ class PipelineCutEnv(gym.Env):
         ok &= tv[-1] - tv[self.pivots] >= self.num_stages - j - 1
         return ok
 
-    def _features(self) -> np.ndarray:
+    @property
+    def calls(self) -> int:
+        """Cost-model evaluations so far: simulator calls plus feature evaluations."""
+        return self.sim_calls + self.feature_calls
+
+    def affordable(self, n: int) -> bool:
+        """Whether ``n`` more evaluations stay within ``eval_budget``."""
+        return self.eval_budget is None or self.calls + n <= self.eval_budget
+
+    def evaluate_plans(self, cuts: np.ndarray):
+        """The simulator on a batch of complete plans (B, K − 1), counted in ``sim_calls``."""
+        cuts = np.asarray(cuts, dtype=np.int64)
+        self.sim_calls += len(cuts)
+        return evaluate(self.profile, self.cluster, cuts)
+
+    def _features(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """The feature rows of the pivots ``self.pivots[idx]`` (default: all), as if the next cut were
+        made there; each row is one cost-model evaluation, counted in ``feature_calls``."""
         prof, k = self.profile, self.num_stages
         j = len(self.cuts)
-        p = self.pivots
+        p = self.pivots if idx is None else self.pivots[np.asarray(idx, dtype=np.int64)]
+        self.feature_calls += len(p)
         cp, wp = prof.compute_s_prefix, prof.param_bytes_prefix
         known = np.array([0] + self.cuts, dtype=np.int64)
         rest = k - j - 1
@@ -163,25 +199,36 @@ class PipelineCutEnv(gym.Env):
         last = self.cuts[-1] if self.cuts else 0
         ctx[-2] = self.num_stages / self.max_stages
         ctx[-1] = self.profile.compute_s_prefix[last] / self.c_total
-        if done:
-            p = len(self.pivots)
-            # terminal: no action is applied, but vectorised runners still query the module on it,
-            # so one action is left open (the bootstrap is zeroed by `terminated` anyway)
-            nf = self.observation_space["pivots"].shape[1]
-            mask = np.zeros(p, np.float32)
-            mask[0] = 1.0
-            return {"pivots": np.zeros((p, nf), np.float32), "context": ctx, "action_mask": mask}
-        return {"pivots": self._features(), "context": ctx,
-                "action_mask": self._mask().astype(np.float32)}
+        p = len(self.pivots)
+        nf = self.observation_space["pivots"].shape[1]
+        if not done and not self.exhausted:   # once the budget is spent nothing more is scored
+            mask = self._mask()
+            idx = np.flatnonzero(mask)
+            # this cut's features and the plan's final simulator call must fit in the budget
+            if not self.affordable(len(idx) + 1):
+                self.exhausted = True
+            else:
+                feats = np.zeros((p, nf), np.float32)
+                feats[idx] = self._features(idx)
+                return {"pivots": feats, "context": ctx, "action_mask": mask.astype(np.float32)}
+        # terminal (or budget spent): no action is applied, but vectorised runners still query the
+        # module on it, so one action is left open (the bootstrap is zeroed by `terminated` anyway)
+        mask = np.zeros(p, np.float32)
+        mask[0] = 1.0
+        return {"pivots": np.zeros((p, nf), np.float32), "context": ctx, "action_mask": mask}
 
     # ----------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.cuts = []
-        return self._obs(), {}
+        obs = self._obs()
+        return obs, ({"budget_exhausted": True} if self.exhausted else {})
 
     def step(self, action):
+        if self.exhausted:   # the budget is spent: end at once, score nothing
+            return self._obs(), 0.0, False, True, {"budget_exhausted": True}
+        self.live_steps += 1
         a = int(action)
         mask = self._mask()
         if not (0 <= a < len(self.pivots)) or not mask[a]:
@@ -190,11 +237,13 @@ class PipelineCutEnv(gym.Env):
         info: dict = {}
         if len(self.cuts) < self.num_stages - 1:
             obs = self._obs()
+            if self.exhausted:
+                return obs, 0.0, False, True, {"budget_exhausted": True}
             if not obs["action_mask"].any():  # dead end (overlapping windows): a failed plan
                 return obs, -1.0, True, False, {"dead_end": True}
             return obs, 0.0, False, False, info
         cuts = np.asarray(self.cuts, dtype=np.int64)
-        r = evaluate(self.profile, self.cluster, cuts[None, :])
+        r = self.evaluate_plans(cuts[None, :])   # affordable: reserved when the features were scored
         length, oom = float(r.length_s[0]), bool(r.oom[0]) and not self.ignore_memory
         self.plans_evaluated += 1
         if (oom, length) < (self.best_oom, self.best_length_s):
@@ -219,7 +268,7 @@ class PipelineCutEnv(gym.Env):
             if len(self.cuts) < self.num_stages - 1:
                 out[i] = np.inf
                 continue
-            r = evaluate(self.profile, self.cluster, np.asarray(self.cuts)[None, :])
+            r = self.evaluate_plans(np.asarray(self.cuts)[None, :])
             out[i] = np.inf if (r.oom[0] and not self.ignore_memory) else r.length_s[0]
         self.cuts = saved
         return out

@@ -86,12 +86,15 @@ _PRUNE = 1e-12  # a box whose bound is within this (relative) of the incumbent c
 
 @dataclass
 class DPPlan(PipelinePlan):
-    """The DP's answer. ``evaluated`` counts the DP states reached over all subproblems."""
+    """The DP's answer. ``evaluated`` counts the DP states reached over all subproblems (each one stage's
+    cost, a part of the cost model); ``plan_evaluations`` the complete plans the simulator scored on the
+    way (heuristic starts, each subproblem's plan, the memory bisection, the answer)."""
 
     subproblems: int = 0  # DP runs (boxes × allocation-shift intervals)
     boxes: int = 0  # boxes of the branch and bound over the max terms
     peak_memory_bytes: float = 0.0  # the plan's largest per-device memory
     unpruned: bool = True  # over every contiguous cut set (False: over given candidate pivots)
+    plan_evaluations: int = 0  # complete plans scored by simulators.pipeline.evaluate
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class _Problem:
         self.limit = cluster.device.hbm_gb * 2**30
         self.states = 0
         self.runs = 0
+        self.plan_evals = 0   # complete plans scored by the simulator
         # mediant bounds per state (e devices used, pivot p): the prefix has a stage with t >= C(p)/e,
         # the rest one with t >= (C_total − C(p))/(D − e), and the rest's Σt is at least the latter
         e = np.arange(d + 1, dtype=float)[:, None]
@@ -335,6 +339,11 @@ class _Problem:
             return None
         return mu
 
+    def evaluate(self, cuts: np.ndarray):
+        """The simulator on a batch of complete plans, counted in ``plan_evals``."""
+        self.plan_evals += len(cuts)
+        return evaluate(self.prof, self.cluster, cuts)
+
     # ---------------------------------------------------------------------------- one box
     def solve_box(self, box: _Box, lo_mem: np.ndarray, best: float, max_runs: int
                   ) -> tuple[tuple[float, np.ndarray, object] | None, bool, list]:
@@ -356,7 +365,7 @@ class _Problem:
                 continue  # nothing in this interval beats the incumbent, here or in any sub-box
             val, cuts, devs = res
             val = max(val, b)
-            r = evaluate(self.prof, self.cluster, cuts[None, :])
+            r = self.evaluate(cuts[None, :])
             seen.append((cuts, r))
             if (r.devices[0] == devs).all():
                 if found is None or val < found[0]:
@@ -423,7 +432,8 @@ def _plan(prof, cluster, cuts, pr: _Problem | None, boxes: int, wall: float, unp
     r = evaluate(prof, cluster, np.asarray(cuts, dtype=np.int64)[None, :])
     return DPPlan(np.asarray(cuts, dtype=np.int64), float(r.length_s[0]), bool(r.oom[0]), r.device_cuts[0],
                   r.devices[0], pr.states if pr else 1, wall, optimal, subproblems=pr.runs if pr else 0,
-                  boxes=boxes, peak_memory_bytes=float(r.memory_bytes[0].max()), unpruned=unpruned)
+                  boxes=boxes, peak_memory_bytes=float(r.memory_bytes[0].max()), unpruned=unpruned,
+                  plan_evaluations=(pr.plan_evals if pr else 0) + 1)
 
 
 def _check(prof: PipelineProfile, cluster: Cluster, k) -> int:
@@ -470,7 +480,7 @@ def solve_dp(prof: PipelineProfile, cluster: Cluster, num_stages: int, *,
 
     heur = _heuristic_plans(pr, allowed)
     if len(heur):
-        offer(heur, evaluate(prof, cluster, heur))
+        offer(heur, pr.evaluate(heur))
     lo_mem = pr.lo_mem(pr.limit)
     # every plan has max(t, a) >= C_total / D (the mediant of the stages' C/d), and a transfer that
     # crosses between servers when the devices span several (two stages inside one server share it)
@@ -550,7 +560,7 @@ def _min_peak_plan(pr: _Problem, max_runs: int) -> tuple[np.ndarray, bool]:
         raise ValueError("no cut set gives every stage a trainable variable")
 
     def peak(c):
-        return float(evaluate(pr.prof, pr.cluster, c[None, :]).memory_bytes[0].max())
+        return float(pr.evaluate(c[None, :]).memory_bytes[0].max())
 
     hi = peak(hi_cuts)
     lo = pr.limit  # nothing fits below the device's memory
