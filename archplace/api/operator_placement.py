@@ -38,7 +38,8 @@ from ._common import (
 
 PLACE_OPS_ALGOS = ("metis", "m-topo", "m-etf", "m-sct", "human", "random", "single", "exact", "gdp",
                    "gdp-pretrained", "sa", "lns")
-# sa / lns start from the fastest valid placement of these (each one simulated once, counted in the budget)
+# sa / lns start from the fastest valid placement of these (each one simulated once, counted in the budget);
+# gdp_baselines.FAST_PLACERS, named here so that importing the API does not load the placers (numba)
 LOCAL_SEARCH_STARTS = ("human", "metis", "m-topo", "m-etf", "m-sct")
 LOCAL_SEARCH_ALGOS = ("sa", "lns")
 GDP_ALGOS = ("gdp", "gdp-pretrained")
@@ -215,8 +216,7 @@ def _local_search(req: PlaceOpsRequest, g, problem, details: dict[str, Any]) -> 
     from ..algorithms.search import gdp_baselines
     from ..algorithms.search.placement_local_search import SEARCHES
 
-    starts = {name: gdp_baselines.human_from_graph(g, problem) if name == "human" else
-              gdp_baselines.BASELINES[name](problem, seed=req.seed) for name in LOCAL_SEARCH_STARTS}
+    starts = gdp_baselines.fast_placements(g, problem, seed=req.seed, algos=LOCAL_SEARCH_STARTS)
     run = SEARCHES[req.algo](problem, starts, int(req.budget_value), seed=req.seed)
     details.update({
         "start_algo": run.start_algo, "start_step_time_s": run.start_step_time_s,

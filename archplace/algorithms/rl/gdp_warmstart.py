@@ -44,11 +44,12 @@ from typing import Any
 import numpy as np
 
 from ...simulators.gpu_placement import PlacementProblem, simulate_batch
+from ..search.gdp_baselines import FAST_PLACERS, fast_placements
 from .gdp_env import GDPEnv, GDPGraph
 
 # the fast placers the warm start picks from: the same five sa / lns start from, so all three begin at the
 # same placement (m-TOPO is cheap: a list schedule, one pass)
-WARM_START_ALGOS = ("human", "metis", "m-topo", "m-etf", "m-sct")
+WARM_START_ALGOS = FAST_PLACERS
 # behaviour cloning: at most this many Adam steps (each one full-graph forward and backward pass). With the
 # policy of branch gdp-policy (2140ac0): txl-2 (210 ops) is copied exactly after 39 steps at lr 1e-2;
 # rnnlm-2 (1,620 ops, target METIS) wanders between 0.80 and 0.90 agreement over 200 steps at 1e-2 and
@@ -117,15 +118,6 @@ class GDPWarmRun:
 def min_budget(starts: int = len(WARM_START_ALGOS)) -> int:
     """The fewest simulator calls :func:`gdp_warm` needs: the fast placers and the greedy evaluation."""
     return starts + 1
-
-
-def fast_placements(graph, problem: PlacementProblem, seed: int = 0,
-                    algos: tuple[str, ...] = WARM_START_ALGOS) -> dict[str, np.ndarray]:
-    """Each fast placer's placement (``graph``: the op graph, which the human-like placer reads)."""
-    from ..search import gdp_baselines
-
-    return {a: gdp_baselines.human_from_graph(graph, problem) if a == "human" else
-            gdp_baselines.BASELINES[a](problem, seed=seed) for a in algos}
 
 
 def pick_best(problem: PlacementProblem, placements: dict[str, np.ndarray]):

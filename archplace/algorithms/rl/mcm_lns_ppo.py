@@ -184,6 +184,22 @@ def ppo_lns_search(problem: MCMProblem, time_limit_s: float, *, seed: int = 0, i
                   state)
 
 
+def _train_until(algo, subsolves: int, log, label: str, digits: int, t0: float) -> tuple[list[float], int]:
+    """PPO iterations until ``subsolves`` env steps (one sub-solve each) have been sampled: the mean
+    episode return of each iteration (nan where no episode ended) and the sub-solves sampled."""
+    returns: list[float] = []
+    done = 0
+    while done < subsolves:
+        res = algo.train()
+        done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
+        r = res["env_runners"].get("episode_return_mean")
+        returns.append(float(r) if r is not None else float("nan"))
+        if log:
+            log(f"{label} {done}/{subsolves} sub-solves, mean episode return {returns[-1]:.{digits}f}, "
+                f"{time.perf_counter() - t0:.0f} s")
+    return returns, done
+
+
 def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, subsolve_s: float = SUBSOLVE_S,
                  ppo: dict | None = None, log=None, env: dict | None = None) -> tuple[dict, dict[str, Any]]:
     """One policy trained on ``problems`` (a random graph per episode, each episode from the greedy
@@ -197,17 +213,8 @@ def pretrain_lns(problems: list[MCMProblem], subsolves: int, *, seed: int = 0, s
     t0 = time.perf_counter()
     algo = lns_ppo_config(problems, seed=seed, init="greedy", subsolve_s=subsolve_s, ppo=ppo,
                           env=env).build_algo()
-    rewards: list[float] = []
     try:
-        done = 0
-        while done < subsolves:
-            res = algo.train()
-            done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-            r = res["env_runners"].get("episode_return_mean")
-            rewards.append(float(r) if r is not None else float("nan"))
-            if log:
-                log(f"pretrain-lns {done}/{subsolves} sub-solves, mean episode return {rewards[-1]:.3f}, "
-                    f"{time.perf_counter() - t0:.0f} s")
+        rewards, done = _train_until(algo, subsolves, log, "pretrain-lns", 3, t0)
         state = module_state(algo)
     finally:
         algo.stop()
@@ -263,18 +270,9 @@ def train_hint_policy(problems: list[MCMProblem], subsolves: int, *, starts=None
     t0 = time.perf_counter()
     algo = hint_ppo_config(problems, starts=starts, seed=seed, det_time=det_time, episode_steps=episode_steps,
                            ppo=ppo).build_algo()
-    returns: list[float] = []
     try:
         init = module_state(algo)
-        done = 0
-        while done < subsolves:
-            res = algo.train()
-            done = int(res["env_runners"]["num_env_steps_sampled_lifetime"])
-            r = res["env_runners"].get("episode_return_mean")
-            returns.append(float(r) if r is not None else float("nan"))
-            if log:
-                log(f"train-hint {done}/{subsolves} sub-solves, mean episode return {returns[-1]:.4f}, "
-                    f"{time.perf_counter() - t0:.0f} s")
+        returns, done = _train_until(algo, subsolves, log, "train-hint", 4, t0)
         final = module_state(algo)
         env = algo.env_runner.env.unwrapped.envs[0].unwrapped
         det = float(env.det_used)

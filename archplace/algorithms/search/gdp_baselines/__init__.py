@@ -42,7 +42,8 @@ from .metis_partition import metis
 from .trivial import random_placement, single_device
 from .units import _units as _units
 
-__all__ = ["BASELINES", "RNN_FAMILIES", "human", "human_from_graph", "m_etf", "m_sct", "m_topo", "metis",
+__all__ = ["BASELINES", "FAST_PLACERS", "RNN_FAMILIES", "fast_placements",
+           "human", "human_from_graph", "m_etf", "m_sct", "m_topo", "metis",
            "random_placement", "single_device"]
 
 BASELINES: dict[str, Callable[..., np.ndarray]] = {
@@ -54,3 +55,13 @@ BASELINES: dict[str, Callable[..., np.ndarray]] = {
     "random": random_placement,
     "single": single_device,
 }
+
+# the fast placers a search starts from (sa / lns, and GDP's warm start): the best of them is the start
+FAST_PLACERS = ("human", "metis", "m-topo", "m-etf", "m-sct")
+
+
+def fast_placements(graph, problem, seed: int = 0,
+                    algos: tuple[str, ...] = FAST_PLACERS) -> dict[str, np.ndarray]:
+    """Each fast placer's placement (``graph``: the op graph, which the human-like placer reads)."""
+    return {a: human_from_graph(graph, problem) if a == "human" else BASELINES[a](problem, seed=seed)
+            for a in algos}
