@@ -15,6 +15,9 @@ placers (human, METIS, m-TOPO, m-ETF, m-SCT, seeded with the run's seed as ``pla
   cloned greedy placement is simulated once more there, a bench diagnostic outside gdp-warm's budget);
   ``warm+sa`` (the cloning, then SA in place of PPO from the cloned greedy placement and the warm start,
   with the calls the fast placers left).
+* Control with learning switched off: ``gdp-warm-lr0`` is ``gdp-warm`` with PPO's learning rate 0 (same
+  cloning, seed, samples and answer rule; the cloned policy never moves), so what sampling around the
+  warm start gives without learning is seen beside what PPO gives.
 
 Reported as the step-time ratio ``T_method / T_best_fast`` (below 1: faster than the best fast placer),
 with ``T_best_fast`` the run's own start (the same for every method at one seed); geomeans over the
@@ -32,7 +35,7 @@ import numpy as np
 # GDP-one drew in 120 s on the mid-size graphs of the Table 1 analogue, and the budget at which SA's and
 # LNS's constants were chosen (on txl-2, rnnlm-2 and inception-v3: those three are not held out for sa/lns).
 BUDGET_CALLS = 2000
-JOBS = ("gdp-warm", "sa", "lns", "warm+sa")    # methods run as their own jobs
+JOBS = ("gdp-warm", "gdp-warm-lr0", "sa", "lns", "warm+sa")    # methods run as their own jobs
 DERIVED = {"warm": "gdp-warm", "warm+ppo": "gdp-warm"}   # read off another method's run
 METHODS = JOBS + tuple(DERIVED)
 _BASE = ("archplace.algorithms.search.gdp_baselines",)
@@ -43,7 +46,7 @@ _LS = ("archplace.algorithms.search.placement_local_search",)
 def code(gdp: tuple[str, ...], core: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """The modules each method's runs depend on (``gdp.py``'s CODE table)."""
     warm = gdp + _WARM + _BASE + core
-    return {"gdp-warm": warm, "warm": warm, "warm+ppo": warm, "sa": _LS + _BASE + core,
+    return {"gdp-warm": warm, "gdp-warm-lr0": warm, "warm": warm, "warm+ppo": warm, "sa": _LS + _BASE + core,
             "lns": _LS + _BASE + core, "warm+sa": warm + _LS}
 
 
@@ -65,8 +68,9 @@ def run_warm(name: str, method: str, seed: int, budget: int, machine_name: str, 
                  "devices": problem.num_devices, "build_s": time.perf_counter() - t0, "op_model": note,
                  "budget_calls": budget}
     t1 = time.perf_counter()
-    if method == "gdp-warm":
-        r = gw.gdp_warm(g, gg, budget, seed=seed, time_limit_s=safety_s)
+    if method in ("gdp-warm", "gdp-warm-lr0"):
+        ppo = {"lr": 0.0} if method == "gdp-warm-lr0" else None   # the learning-off control
+        r = gw.gdp_warm(g, gg, budget, seed=seed, time_limit_s=safety_s, ppo=ppo)
         w = r.warm
         bc = simulate(problem, w.greedy_placement)   # the "warm" ablation (a diagnostic call, not gdp-warm's)
         own = gw.answer({"greedy": (r.greedy_step_time_s, r.greedy_valid),
@@ -124,6 +128,10 @@ def ratios(r: dict) -> dict[str, float]:
     """``T / T_best_fast`` of every answer a run gives (inf: invalid)."""
     ref, ok = r["best_fast_step_time_s"], r["best_fast_valid"]
     out = {r["method"]: _ratio(r["step_time_s"], r["valid"], ref, ok)}
+    if r["method"] == "gdp-warm-lr0":
+        out.update({"gdp-warm-lr0 greedy": _ratio(r["greedy_step_time_s"], r["greedy_valid"], ref, ok),
+                    "gdp-warm-lr0 best sample": _ratio(r["best_sample_step_time_s"], r["best_sample_valid"],
+                                                       ref, ok)})
     if r["method"] == "gdp-warm":
         out.update({"gdp-warm greedy": _ratio(r["greedy_step_time_s"], r["greedy_valid"], ref, ok),
                     "gdp-warm best sample": _ratio(r["best_sample_step_time_s"], r["best_sample_valid"], ref,
@@ -140,7 +148,7 @@ def report(runs: dict[tuple[str, str, int], dict], graphs: list[str], methods: l
     jobs = [m for m in JOBS if m in methods or any(DERIVED.get(d) == m for d in methods)]
     cols: list[str] = []
     for m in jobs:
-        cols += [m] + (["gdp-warm greedy", "gdp-warm best sample"] if m == "gdp-warm" else [])
+        cols += [m] + ([f"{m} greedy", f"{m} best sample"] if m in ("gdp-warm", "gdp-warm-lr0") else [])
     cols += [d for d in DERIVED if d in methods]
     per: dict[str, dict[str, list[float]]] = {c: {g: [] for g in graphs} for c in cols}
     res: dict = {"budget_calls": budget, "seeds": seeds, "graphs": {}, "geomean_per_seed": {},
@@ -182,10 +190,12 @@ def report(runs: dict[tuple[str, str, int], dict], graphs: list[str], methods: l
         say(f"  {c:<22}" + "  ".join("-" if x["geomean"] is None else f"{x['geomean']:.4f} ({x['graphs']})"
                                      for x in gm)
             + f"  -> {res['geomean_mean_over_seeds'][c] or float('nan'):.4f}")
-    if "gdp-warm" in jobs:
-        src = [runs[(g, "gdp-warm", s)]["answer_source"] for g in graphs for s in seeds]
-        agree = [runs[(g, "gdp-warm", s)]["bc_agreement"] for g in graphs for s in seeds]
-        res["gdp_warm_answer_sources"] = {k: src.count(k) for k in ("warm_start", "greedy", "best_sample")}
-        say(f"  gdp-warm answers: {res['gdp_warm_answer_sources']}; cloning agreement "
-            f"min {min(agree):.3f}, mean {np.mean(agree):.3f}")
+    for m in ("gdp-warm", "gdp-warm-lr0"):
+        if m not in jobs:
+            continue
+        src = [runs[(g, m, s)]["answer_source"] for g in graphs for s in seeds]
+        agree = [runs[(g, m, s)]["bc_agreement"] for g in graphs for s in seeds]
+        key = m.replace("-", "_") + "_answer_sources"
+        res[key] = {k: src.count(k) for k in ("warm_start", "greedy", "best_sample")}
+        say(f"  {m} answers: {res[key]}; cloning agreement min {min(agree):.3f}, mean {np.mean(agree):.3f}")
     return res
