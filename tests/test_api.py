@@ -78,6 +78,17 @@ def test_partition_polish_never_loses_and_reports(capsys):
     assert cli["throughput"] >= cli["greedy_throughput"] and cli["lns_subsolves"] >= 1
 
 
+def test_partition_deterministic_polish_repeats_exactly():
+    """--polish-subsolves N (issue 31): a sub-solve count and CP-SAT deterministic time per sub-solve, so
+    two runs give the same partition and the same counts whatever the load; never worse than greedy."""
+    req = api.PartitionRequest(GNMT, algo="greedy", chiplets=8, polish_subsolves=3)
+    a, b = api.partition(req).to_dict(), api.partition(req).to_dict()
+    assert a["lns_subsolves"] == 3 and a["lns_stopped"] == "subsolves"
+    assert a["assignment"] == b["assignment"] and a["throughput"] == b["throughput"]
+    assert a["lns_det_time"] == pytest.approx(b["lns_det_time"]) and a["lns_det_time"] <= 3 * 0.25 + 1e-6
+    assert a["throughput"] >= a["greedy_throughput"]
+
+
 def test_graph_and_estimate_equal_the_cli(capsys, tmp_path):
     res = api.graph(api.GraphRequest("bert-base", seq=64))
     assert_same(res.to_dict(), cli_json(capsys, "graph", "bert-base", "--seq", "64"))
@@ -154,6 +165,9 @@ P = api.PlaceRequest
     (api.PartitionRequest("bert-base", algo="ppo", zero_shot=True), "zero_shot needs pretrained"),
     (api.PartitionRequest("bert-base", polish=-1), "polish must be seconds in [0, 86400], got -1"),
     (api.PartitionRequest("bert-base", algo="ppo-lns"), "algo ppo-lns needs polish SECONDS > 0"),
+    (api.PartitionRequest("bert-base", algo="ppo-lns", polish=5, polish_subsolves=3),
+     "polish_subsolves applies to the CP-SAT polish, not algo ppo-lns"),
+    (api.PartitionRequest("bert-base", polish_subsolves=0), "polish_subsolves"),
     (api.PartitionRequest("bert-base", algo="sa", pretrained="w.npz"),
      "apply to algo ppo or ppo-lns, not sa"),
     (api.PipelineRequest("bert-base", cluster="D"), "cluster must be one of ['A', 'B', 'C'], got 'D'"),

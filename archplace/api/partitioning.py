@@ -28,6 +28,11 @@ from ._common import (
 from .graphs import load_graph
 
 PARTITION_ALGOS = ("greedy", "random", "sa", "ppo", "ppo-lns")
+# CP-SAT deterministic units per sub-solve of a deterministic polish: the value bench/mcm_large.py's
+# greedy+LNS and learned-LNS runs use (mcm_lns_hint.DET_TIME; its docstring says why), so a user's polish
+# and the bench's compare at the same sub-solve length
+POLISH_DET_TIME = 0.25
+POLISH_SAFETY_S = 3600.0  # outer wall-clock safety limit of a deterministic polish given no `polish` seconds
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class PartitionRequest(Request):
     config: str | None = None       # ppo: YAML overriding mcm_ppo.yaml's ppo/model/env keys (tune-rl's best)
     polish: float = 0.0             # seconds of CP-SAT neighbourhood search on the best partition (0: none);
                                     # ppo-lns: the seconds of its learned neighbourhood search (required)
+    polish_subsolves: int | None = None  # deterministic polish: this many CP-SAT sub-solves of
+                                    # POLISH_DET_TIME deterministic units each (polish: then only the outer
+                                    # wall-clock safety limit, default POLISH_SAFETY_S); the same answer
+                                    # under any machine load
 
     @property
     def needs_ray(self) -> bool:
@@ -68,6 +77,12 @@ class PartitionRequest(Request):
         if isinstance(self.polish, bool) or not isinstance(self.polish, (int, float)) or \
                 not 0 <= self.polish <= 86400:
             raise invalid("polish", f"must be seconds in [0, 86400], got {self.polish!r}")
+        check_int("polish_subsolves", self.polish_subsolves, low=1, optional=True)
+        if self.polish_subsolves is not None and self.algo == "ppo-lns":
+            raise InvalidRequest("{polish_subsolves} applies to the CP-SAT polish, not {algo} ppo-lns (its "
+                                 "reward is improvement per second: a wall-time method, budgeted by {polish} "
+                                 "SECONDS)",
+                                 "polish_subsolves", "algo", "polish")
         if self.config and not os.path.exists(self.config):
             raise invalid("config", f"{self.config} does not exist "
                                     "(archplace tune-rl mcm writes best_config.yaml)")
@@ -112,8 +127,8 @@ class PartitionResult(DetailsResult):
 def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> PartitionResult:
     """Partition a model over the chiplets of an MCM. Stages: ``graph``, ``greedy``, ``search`` (all
-    algorithms but greedy), ``polish`` (when ``polish > 0``), ``done``. ``algo="ppo"`` raises RuntimeError
-    unless Ray is running."""
+    algorithms but greedy), ``polish`` (when ``polish > 0`` or ``polish_subsolves``), ``done``.
+    ``algo="ppo"`` raises RuntimeError unless Ray is running."""
     from ..algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
     from ..algorithms.solvers.mcm_repair import MCMRepairer
     from ..hardware.presets import mcm_package
@@ -164,15 +179,19 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         mode = "zero-shot" if req.zero_shot else ("fine-tuned" if state else "from scratch")
         details.update({**run.summary(), "pretrained": req.pretrained, "mode": mode})
         steps.stage("polish", subsolves=run.subsolves, throughput=run.throughput)
-    elif req.polish > 0:
+    elif req.polish > 0 or req.polish_subsolves:
         from ..algorithms.solvers.mcm_lns import lns
 
-        polished = lns(problem, part, time_limit_s=float(req.polish), seed=req.seed)
+        if req.polish_subsolves:  # deterministic: sub-solve count and CP-SAT deterministic time
+            polished = lns(problem, part, time_limit_s=float(req.polish or POLISH_SAFETY_S), seed=req.seed,
+                           max_subsolves=int(req.polish_subsolves), subsolve_det=POLISH_DET_TIME)
+        else:
+            polished = lns(problem, part, time_limit_s=float(req.polish), seed=req.seed)
         part = polished.partition
         details.update(polished.summary())
         steps.stage("polish", subsolves=polished.subsolves, improved=polished.improved,
                     throughput=polished.throughput)
-    if req.algo == "ppo-lns" or req.polish > 0:
+    if req.algo == "ppo-lns" or req.polish > 0 or req.polish_subsolves:
         ev = evaluate(problem, part)
     names = problem.names or tuple(str(i) for i in range(problem.num_nodes))
     tp = float(ev.throughput[0])

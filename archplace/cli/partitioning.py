@@ -15,7 +15,8 @@ def cmd_partition(args) -> dict[str, Any]:
     req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
                                seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
                                zero_shot=args.zero_shot, env_runners=args.env_runners,
-                               learners=args.learners, config=args.config, polish=args.polish)
+                               learners=args.learners, config=args.config, polish=args.polish,
+                               polish_subsolves=args.polish_subsolves)
     connect_if_needed(req, args.address)
     return api.partition(req).to_dict()
 
@@ -57,6 +58,9 @@ def add_partition_parser(sub) -> None:
     pa.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
                     help="then CP-SAT large-neighbourhood search on the best partition for SECONDS "
                          "(ppo-lns: the seconds of its learned search)")
+    pa.add_argument("--polish-subsolves", type=int, default=None, metavar="N",
+                    help="deterministic polish: N CP-SAT sub-solves of fixed deterministic time each (same "
+                         "answer under any load; --polish SECONDS is then only the outer safety limit)")
     pa.add_argument("--pretrained", default=None,
                     help="ppo / ppo-lns: start from these pre-trained weights (.npz from "
                          "bench/mcm_pretrain.py / bench/mcm_lns_pretrain.py)")

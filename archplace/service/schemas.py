@@ -386,6 +386,7 @@ class PartitionRequest(Strict):
     seq: int | None = Field(default=None, ge=1, le=32_768)
     mbs: int = Field(default=1, ge=1, le=1024)
     polish: float = Field(default=0.0, ge=0.0, le=600.0)  # CP-SAT neighbourhood search seconds (ppo-lns: > 0)
+    polish_subsolves: int | None = Field(default=None, ge=1, le=10_000)  # deterministic polish (sub-solves)
 
     _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
 
