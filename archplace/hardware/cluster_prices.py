@@ -5,13 +5,13 @@ EC2, US East (N. Virginia) ``us-east-1``, Linux On-Demand**, the list prices AWS
 instance-type pages from the P5 launch (2023-07-26) until its P4/P5 price reduction of June 2025 (the
 window in which all of these were listed at once; the date of each row says which page).
 
-| GPU preset  | instance        | GPUs | USD/h    | USD/GPU-h | page (aws.amazon.com/ec2/instance-types/...) |
-|-------------|-----------------|------|----------|-----------|-----------------------------------------------|
-| v100-sxm2   | p3dn.24xlarge   | 8    | 31.212   | 3.9015    | p3/  (8 x V100 SXM2 32 GB, 100 Gb/s)          |
-| a100-40gb   | p4d.24xlarge    | 8    | 32.7726  | 4.0966    | p4/  (8 x A100 SXM 40 GB, 4 x 100 Gb/s EFA)   |
-| a100-80gb   | p4de.24xlarge   | 8    | 40.9657  | 5.1207    | p4/  (8 x A100 SXM 80 GB, 4 x 100 Gb/s EFA)   |
-| h100-sxm    | p5.48xlarge     | 8    | 98.32    | 12.29     | p5/  (8 x H100 SXM 80 GB, 3,200 Gb/s EFA)     |
-| h200        | (p5e.48xlarge)  | 8    | 108.1445 | 13.5181   | derived, see below                            |
+| GPU preset  | instance        | GPUs | USD/h    | USD/GPU-h | page (aws.amazon.com/ec2/instance-types/..) |
+|-------------|-----------------|------|----------|-----------|----------------------------------------------|
+| v100-sxm2   | p3dn.24xlarge   | 8    | 31.212   | 3.9015    | p3/  (8 x V100 SXM2 32 GB, 100 Gb/s)         |
+| a100-40gb   | p4d.24xlarge    | 8    | 32.7726  | 4.0966    | p4/  (8 x A100 SXM 40 GB, 4 x 100 Gb/s EFA)  |
+| a100-80gb   | p4de.24xlarge   | 8    | 40.9657  | 5.1207    | p4/  (8 x A100 SXM 80 GB, 4 x 100 Gb/s EFA)  |
+| h100-sxm    | p5.48xlarge     | 8    | 98.32    | 12.29     | p5/  (8 x H100 SXM 80 GB, 3,200 Gb/s EFA)    |
+| h200        | (p5e.48xlarge)  | 8    | 108.1445 | 13.5181   | derived, see below                           |
 
 Corroboration in public copies read for this table: p5.48xlarge at $98.32/h (The Next Platform, "H100
 GPU Instance Pricing On AWS: Grin And Bear It", 2023-07-27) and p4d.24xlarge at $32.77/h in US East
@@ -70,7 +70,7 @@ class Listing:
 _AWS = "Amazon EC2"
 _USE1 = "us-east-1"
 _WINDOW = "2023-07-26..2025-06"   # P5 launch .. AWS's P4/P5 on-demand price reduction
-H100_CAPACITY_BLOCK_USD_PER_HOUR = 39.33   # 8 x H100, US East (Ohio), EC2 Capacity Blocks page (to 2025-01-01)
+H100_CAPACITY_BLOCK_USD_PER_HOUR = 39.33   # 8 x H100, US East (Ohio), Capacity Blocks page
 H200_CAPACITY_BLOCK_USD_PER_HOUR = 43.26   # 8 x H200, US East (Ohio), same page
 P5_ON_DEMAND_USD_PER_HOUR = 98.32
 

@@ -130,8 +130,9 @@ def cluster_of_shape(shape: ClusterShape, dtype: str = "fp16") -> Cluster:
     training dtype of the GEMMs; fp16 as Auto-MAP), its HBM as the memory limit."""
     if not isinstance(shape, ClusterShape):
         raise ValueError(f"shape must be a ClusterShape, got {type(shape).__name__}")
-    return Cluster(shape.name, shape.num_gpus, GPU.from_spec(shape.spec, dtype), shape.intra_server_bytes_per_s,
-                   "servers", shape.gpus_per_server, shape.inter_server_bytes_per_s)
+    return Cluster(shape.name, shape.num_gpus, GPU.from_spec(shape.spec, dtype),
+                   shape.intra_server_bytes_per_s, "servers", shape.gpus_per_server,
+                   shape.inter_server_bytes_per_s)
 
 
 # --------------------------------------------------------------------------------------------- the space
@@ -142,7 +143,8 @@ def load_space(path: str | None = None) -> dict:
     import yaml
 
     if path is None:
-        text, where = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text(), DEFAULT_SPACE
+        text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
+        where = DEFAULT_SPACE
     else:
         p = Path(path)
         if not p.exists():

@@ -24,9 +24,11 @@ The row, flat so it goes into Parquet and a Tune result as is (``M`` is a model 
 - over all models, one step of each in turn: ``iteration_time_s``, ``cost_per_step_usd`` (sums; None
   unless every model fits) and ``memory_fit`` (all fit).
 
-The number of stages is a rule: ``servers`` (one per server, at most 8, ``archplace pipeline``'s
-default), an integer, or a list of integers (the best plan over them). Nothing here imports Ray; the
-search wraps :func:`evaluate_cluster` in its trainable.
+The number of stages K is a rule: ``servers`` (one per server, at most 8 and at most the GPUs:
+``archplace pipeline``'s default), ``servers+fit`` (the default: that K, and when its best plan runs out
+of memory, 2K, 4K, ... up to 8 or the GPUs, the first that fits; a one-server shape can then pipeline
+inside its server as a real one would), an integer, or a list of integers (the fastest plan over them).
+Nothing here imports Ray; the search wraps :func:`evaluate_cluster` in its trainable.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import numpy as np
 from ..hardware.cluster_prices import price_basis, price_per_gpu_hour_usd, price_per_hour_usd
 from ..hardware.gpu_cluster_space import ClusterShape, cluster_of_shape
 
-DEFAULTS = {"dtype": "fp16", "op_model": "roofline", "stages": "servers", "attention": "eager"}
+DEFAULTS = {"dtype": "fp16", "op_model": "roofline", "stages": "servers+fit", "attention": "eager"}
 MAX_AUTO_STAGES = 8   # ``stages: servers`` caps K here (the pipeline command's range is 2..8)
 _OPTS = set(DEFAULTS) | {"max_subproblems"}
 
@@ -75,12 +77,20 @@ def pipeline_profile(model: str, gpu: str, dtype: str = "fp16", op_model: str = 
 
 
 def stage_counts(shape: ClusterShape, stages: Any) -> list[int]:
-    """The K values a trial tries on ``shape`` under rule ``stages`` (module doc)."""
+    """The K values a trial may try on ``shape`` under rule ``stages`` (module doc), in the order tried."""
+    top = min(MAX_AUTO_STAGES, shape.num_gpus)
+    k0 = max(1, min(shape.num_servers, top))
     if stages == "servers":
-        return [max(1, min(shape.num_servers, MAX_AUTO_STAGES, shape.num_gpus))]
+        return [k0]
+    if stages == "servers+fit":
+        ks = [k0]
+        while ks[-1] < top:
+            ks.append(min(2 * ks[-1], top))
+        return ks
     ks = [stages] if not isinstance(stages, (list, tuple)) else list(stages)
     if not ks or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1 for k in ks):
-        raise ValueError(f"stages is {stages!r}; allowed: 'servers', a positive integer or a list of them")
+        raise ValueError(f"stages is {stages!r}; allowed: 'servers', 'servers+fit', a positive integer or a "
+                         "list of them")
     ks = sorted({int(k) for k in ks})
     if ks[-1] > shape.num_gpus:
         raise ValueError(f"stages {ks[-1]} exceeds the {shape.num_gpus} GPUs of {shape.name}")
@@ -104,24 +114,44 @@ def _check_opts(opts: dict) -> dict:
     return o
 
 
-def _plan_model(prof, cluster, ks: list[int], max_subproblems: int):
-    """The best plan over the K values: the fastest that fits; if none fits, the one with the smallest peak
-    per-device memory. Returns (DPPlan, K, plans tried, wall seconds)."""
+def _param_bound_fits(prof, k: int, hbm_bytes: float) -> bool:
+    """Whether K stages can fit at all: some stage holds at least 1/K of the parameters with their
+    optimizer state, on every one of its devices (activations only add), so P · bytes/param / K must fit."""
+    from ..simulators.pipeline import BYTES_PER_PARAM
+
+    params = float(prof.param_bytes_prefix[-1]) / prof.bytes_per_element
+    return params * BYTES_PER_PARAM[prof.setup.optimizer] / k <= hbm_bytes
+
+
+def _plan_model(prof, cluster, ks: list[int], first_fit: bool, max_subproblems: int):
+    """The best plan over the K values: the fastest that fits (``first_fit``: the first K, in order, that
+    fits); if none fits, the one with the smallest peak per-device memory. A K whose parameter share alone
+    exceeds the HBM (:func:`_param_bound_fits`) is not solved unless it is the only one. Returns (DPPlan,
+    K, [(K, plan) solved], Ks skipped by the bound, wall seconds)."""
     from ..algorithms.solvers.pipeline_dp import solve_dp
 
     t0 = time.perf_counter()
-    plans = [(k, solve_dp(prof, cluster, k, max_subproblems=max_subproblems)) for k in ks]
+    hbm = cluster.device.hbm_gb * 2**30
+    plans, skipped = [], []
+    for k in ks:
+        if not _param_bound_fits(prof, k, hbm) and (plans or k != ks[-1]):
+            skipped.append(k)
+            continue
+        p = solve_dp(prof, cluster, k, max_subproblems=max_subproblems)
+        plans.append((k, p))
+        if first_fit and not p.oom:
+            break
     fit = [(p.length_s, k, p) for k, p in plans if not p.oom]
     if fit:
         _, k, p = min(fit, key=lambda x: (x[0], x[1]))
     else:
         k, p = min(plans, key=lambda kp: (kp[1].peak_memory_bytes, kp[0]))
-    return p, k, plans, time.perf_counter() - t0
+    return p, k, plans, skipped, time.perf_counter() - t0
 
 
 def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     """The flat row of ``shape`` for ``models`` (module doc). ``opts``: ``dtype`` (fp16), ``op_model``
-    (roofline | calibrated), ``stages`` (servers | K | [K, ...]), ``attention`` (eager | sdpa),
+    (roofline | calibrated), ``stages`` (servers+fit | servers | K | [K, ...]), ``attention`` (eager | sdpa),
     ``max_subproblems`` (the DP's deterministic budget, 100,000)."""
     from ..algorithms.rl.pipeline_plan import describe
 
@@ -140,13 +170,14 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     price = price_per_hour_usd(shape)
     hbm_gib = shape.spec.memory_bytes / 2**30
     row: dict[str, Any] = {**shape.to_dict(), "shape": shape.name, "models": list(models),
-                           "price_per_hour_usd": price, "price_per_gpu_hour_usd": price_per_gpu_hour_usd(shape.gpu),
+                           "price_per_hour_usd": price,
+                           "price_per_gpu_hour_usd": price_per_gpu_hour_usd(shape.gpu),
                            "price_basis": price_basis(shape), "dtype": o["dtype"], "op_model": o["op_model"],
                            "attention": o["attention"], "stage_rule": str(o["stages"])}
     total_t, total_c, all_fit = 0.0, 0.0, True
     for m in models:
         prof, _note = pipeline_profile(m, shape.gpu, o["dtype"], o["op_model"], o["attention"])
-        plan, k, tried, wall = _plan_model(prof, cluster, ks, max_sub)
+        plan, k, tried, skipped, wall = _plan_model(prof, cluster, ks, o["stages"] == "servers+fit", max_sub)
         d = describe(prof, cluster, plan.cuts)
         fits = not plan.oom
         peak_gib = plan.peak_memory_bytes / 2**30
@@ -157,14 +188,18 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
         if not fits:
             worst = int(np.argmax(d["memory_gib"]))
             reason = (f"no cut set into {'/'.join(map(str, ks))} stage(s) fits: the smallest peak is "
-                      f"{peak_gib:.2f} GiB per GPU (stage {worst} on {d['devices'][worst]} GPU(s)) > "
-                      f"{hbm_gib:.0f} GiB HBM of {shape.gpu} ({prof.setup.optimizer}, "
+                      f"{peak_gib:.2f} GiB per GPU with {k} stage(s) (stage {worst} on {d['devices'][worst]} "
+                      f"GPU(s)) > {hbm_gib:.0f} GiB HBM of {shape.gpu} ({prof.setup.optimizer}, "
                       f"{'recompute' if prof.setup.recompute else 'no recompute'})")
+            if skipped:
+                reason += (f"; K = {'/'.join(map(str, skipped))} skipped: 1/K of the parameters with "
+                           "optimizer state alone exceeds the HBM")
         row.update({
             f"{m}.iteration_time_s": t, f"{m}.cost_per_step_usd": c, f"{m}.memory_fit": fits,
             f"{m}.memory_reason": reason, f"{m}.samples_per_step": samples,
             f"{m}.throughput_samples_per_s": samples / t if fits else None,
             f"{m}.stages": k, f"{m}.stages_tried": [kk for kk, _ in tried],
+            f"{m}.stages_skipped": skipped,
             f"{m}.devices": d["devices"], f"{m}.device_cuts": d["device_cuts"], f"{m}.cuts": d["cuts"],
             f"{m}.cut_layers": d["cut_layers"], f"{m}.peak_memory_gib": peak_gib,
             f"{m}.oom_plan_length_s": None if fits else float(plan.length_s),
@@ -182,7 +217,8 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     return row
 
 
-def pareto_front(rows: Sequence[dict], x: str = "cost_per_step_usd", y: str = "iteration_time_s") -> list[dict]:
+def pareto_front(rows: Sequence[dict], x: str = "cost_per_step_usd",
+                 y: str = "iteration_time_s") -> list[dict]:
     """The rows no other row beats on both ``x`` and ``y`` (both minimised; rows whose x or y is None or
     NaN are left out), sorted by ``x``. Uses ``report.pareto_front`` (small area, large value) on
     (x, −y); exact duplicates both stay."""
