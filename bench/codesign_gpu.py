@@ -37,7 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE_COLS = ("gpu", "gpus_per_server", "num_servers", "intra_class", "inter_class", "num_gpus",
               "price_per_hour_usd", "iteration_time_s", "cost_per_step_usd", "memory_fit", "wall_s")
 MODEL_COLS = ("iteration_time_s", "cost_per_step_usd", "memory_fit", "stages", "devices", "peak_memory_gib",
-              "proven_optimal", "dp_states", "simulator_calls", "dp_wall_s")
+              "proven_optimal", "dp_states", "dp_subproblems", "simulator_calls", "dp_wall_s")
 
 
 def evaluate_chunk(configs: list[dict], models: list[str], training: dict) -> list[dict]:

@@ -193,6 +193,13 @@ def test_memory_fit_refusal_with_reason():
     assert two["megatron-2.5b.stages_skipped"] == [1] and two["megatron-2.5b.stages_tried"] == [2]
     assert two["megatron-2.5b.memory_reason"] == ""
     assert two["megatron-2.5b.peak_memory_gib"] <= 32
+    # rows with and without a fit go into one Parquet table (the search's evaluations.parquet)
+    import pyarrow as pa
+
+    t = pa.Table.from_pylist([one, two])
+    col = t.column("megatron-2.5b.iteration_time_s").to_pylist()
+    assert col == [None, two["megatron-2.5b.iteration_time_s"]]
+    assert t.column("megatron-2.5b.devices").to_pylist() == [[1], two["megatron-2.5b.devices"]]
 
 
 def test_stage_rules_and_bad_input():
