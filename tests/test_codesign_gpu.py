@@ -120,6 +120,11 @@ def test_shape_config_and_space_file_errors(tmp_path):
         load_space(str(f))
     with pytest.raises(ValueError, match="does not exist"):
         load_space(str(tmp_path / "none.yaml"))
+    # the content itself (what a search ships to its trials) is checked the same way
+    content = load_space()
+    assert load_space(content) == content
+    with pytest.raises(ValueError, match="gpu-cluster space: cluster.num_servers: .* is 0"):
+        load_space({**content, "cluster": {**content["cluster"], "num_servers": [0, 1]}})
 
 
 # ------------------------------------------------------------------------------------------------ trial
