@@ -65,6 +65,7 @@ class SearchRequest(Request):
     seed: int = 0
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
     capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
+    screen_top_k: int | None = None         # searcher screen: ILP + DP on the top k per objective (None: 32)
 
     def settings(self):
         """The ``SearchSettings`` that define the search's results. A ``space`` file that is not valid
@@ -107,6 +108,7 @@ class SearchRequest(Request):
         for name in ("accelerators", "global_batch", "archs_per_trial", "hysteresis"):
             check_int(name, getattr(self, name))
         check_int("workers", self.workers, optional=True)
+        check_int("screen_top_k", self.screen_top_k, optional=True)
         check_int("seq", self.seq, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("max_failures", self.max_failures, low=0)
@@ -198,7 +200,7 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
                      schedule_cache=req.schedule_cache, wait_timeout_s=req.wait_timeout_s,
                      progress=terminal_progress,
                      on_evaluated=(lambda info: progress("evaluated", info)) if progress else None,
-                     cancel=cancel)
+                     cancel=cancel, screen_top_k=req.screen_top_k)
     result = SearchResult.from_dict(res)
     steps.done(evaluated=result.evaluated, failed=result.failed, out_dir=result.out_dir)
     return result
