@@ -266,6 +266,7 @@ class _Screen:
             raise ValueError(f"extra candidates {bad[:5]} are not indices of the space (0..{len(space) - 1})")
         self.store.write_meta({**self.meta, "started_at": time.time(),
                                "archs_per_trial": self.archs_per_trial})
+        t0 = time.perf_counter()
         stats: dict[str, Any] = {"resumed": len(self.store.finished())}
         stats["phase1"] = self._phase1(space)
         screened = _phase_entries(self.store, PHASE_SCREEN)
@@ -287,6 +288,8 @@ class _Screen:
                                              "budget_unit": "CP-SAT deterministic seconds per layer slice",
                                              "dp": "exact"}}
         stats["cancelled"] = self.stop.is_set()
+        stats["wall_s"] = time.perf_counter() - t0
+        stats["in_flight_limits"] = [self._capacity()] if self.graphs is not None else []
         best = self.store.close({**self.meta, "searcher": "screen"})
         return {**best, "out_dir": str(self.store.dir), "stats": stats}
 
@@ -335,7 +338,7 @@ class _Screen:
                     self.store.write_best(self.meta)
             finally:
                 for ref in inflight:
-                    ray.cancel(ref, force=True)
+                    ray.cancel(ref)   # a running task gets KeyboardInterrupt; its rows are not stored
                 if prog:
                     prog.close()
         out["wall_s"] = time.perf_counter() - t0
