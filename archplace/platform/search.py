@@ -463,7 +463,7 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                max_failures: int = 2, archs_per_trial: int = 1, schedule_cache: str | Path | None = None,
                wait_timeout_s: float = 600.0, task_timeout_s: float = 1800.0, progress: bool = True,
                report: bool = True, on_evaluated: Callable[[dict[str, Any]], None] | None = None,
-               cancel: threading.Event | None = None, screen_top_k: int | None = None) -> dict[str, Any]:
+               cancel: threading.Event | None = None) -> dict[str, Any]:
     """Run (or resume) a search; returns ``best.json``'s content plus run statistics.
 
     One driver per ``out_dir`` (a lock; a second one gets a ValueError). ``retry_failed`` (with
@@ -475,18 +475,8 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     ``--resume`` continues it); the result's ``stats.cancelled`` says so.
     """
     validate(settings, searcher, budget, workers, archs_per_trial)
-    if searcher == "screen":   # two phases of plain Ray tasks, not a Tune experiment: screen.py
-        from .screen import DEFAULT_TOP_K, run_screen
-
-        return run_screen(settings, out_dir, top_k=screen_top_k or DEFAULT_TOP_K, address=address,
-                          resume=resume, retry_failed=retry_failed, workers=workers, seed=seed,
-                          hysteresis=hysteresis, area_bucket_mm2=area_bucket_mm2,
-                          archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
-                          wait_timeout_s=wait_timeout_s,
-                          task_timeout_s=task_timeout_s, progress=progress, report=report,
-                          on_evaluated=on_evaluated, cancel=cancel)
-    if screen_top_k is not None:
-        raise ValueError("--screen-top-k belongs to --searcher screen")
+    if searcher == "screen":   # two phases of plain Ray tasks, not a Tune experiment (api.search routes it)
+        raise ValueError("searcher 'screen' runs through archplace.platform.screen.run_screen")
     if retry_failed and not resume:
         raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
                          "pass --resume too")
