@@ -309,6 +309,36 @@ def _timing(d: Path) -> dict:
                                   "phase2": cpu2 / CLUSTER_CPUS}}
 
 
+def measure(args, space_cfg, space) -> dict:
+    """Phase 1's per-architecture cost of each workload, in this process (no Ray): ``--measure K``
+    evenly spaced architectures, each through ``evaluate_sequential`` (what a screen task runs), and the
+    phase-1 wall time that implies for the whole space on this machine's CPUs and on 64."""
+    from archplace.platform.evaluate import evaluate_sequential
+    from archplace.workloads.models import build_graph
+
+    out = {}
+    idx = np.linspace(0, len(space) - 1, args.measure).round().astype(int)
+    for w in args.workloads:
+        s = settings_for(w, "default", args, space_cfg)
+        t0 = time.perf_counter()
+        graphs = {k: build_graph(k[0], seq=s.seq, mbs=k[1], tmp=k[2]) for k in s.graph_keys()}
+        t_graph = time.perf_counter() - t0
+        secs = []
+        for i in idx:
+            t1 = time.perf_counter()
+            evaluate_sequential(space.accelerator(int(i)).to_dict(), s, graphs)
+            secs.append(time.perf_counter() - t1)
+        per = float(np.mean(secs))
+        out[w] = {"graphs_s": t_graph, "per_arch_s": per, "samples": [int(i) for i in idx],
+                  "sample_s": secs, "loadavg": os.getloadavg(),
+                  "projected_phase1_s": {"here": len(space) * per / (os.cpu_count() or 1),
+                                         f"{CLUSTER_CPUS}_cpus": len(space) * per / CLUSTER_CPUS}}
+        print(f"{w:14s} {per:6.2f} s per architecture (graphs {t_graph:.1f} s); phase 1 over {len(space)}: "
+              f"{len(space) * per / 3600 / (os.cpu_count() or 1):.1f} h here, "
+              f"{len(space) * per / 3600 / CLUSTER_CPUS:.2f} h on {CLUSTER_CPUS} CPUs", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
@@ -326,6 +356,8 @@ def main() -> int:
     ap.add_argument("--address", help="Ray cluster: auto or HOST:PORT (default: an embedded Ray)")
     ap.add_argument("--run-dir", default="runs/phaze_table2")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--measure", type=int, default=0,
+                    help="only time phase 1 on this many architectures per workload (no Ray, no screen)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_table2.json"))
     args = ap.parse_args()
     load = os.getloadavg()
@@ -339,8 +371,11 @@ def main() -> int:
     args.code_version = code_version("archplace")
     space_cfg = load_space_config(args.space) if args.space else None
     space = enumerate_space(space_cfg)
-    results = [run_variant(args, v, space_cfg, space) for v in args.variants]
-    _print(results)
+    if args.measure:
+        results = {"measured_phase1_cost": measure(args, space_cfg, space)}
+    else:
+        results = {"variants": [run_variant(args, v, space_cfg, space) for v in args.variants]}
+        _print(results["variants"])
     doc = {"benchmark": "phaze_table2", **git_state(), "command": command(), "machine": machine(load),
            "code_version": args.code_version, "space": {"file": args.space, "architectures": len(space)},
            "settings": {k: v for k, v in vars(args).items() if k != "code_version"},
@@ -349,7 +384,7 @@ def main() -> int:
                                         "ilp_budget_deterministic_s_per_slice": args.ilp_budget,
                                         "ilp_wall_clock_safety_limit_s": args.ilp_time_limit,
                                         "placement": "exact DP"}},
-           "variants": results}
+           **results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
     print(f"wrote {args.out}")
