@@ -184,3 +184,19 @@ def test_phase_marks_in_the_store(small, exhaustive):
     assert best["per_model"][MODEL]["throughput"] == exact["throughput"]
     meta = json.loads((small["dir"] / "marks" / "search.json").read_text())
     assert meta["searcher"] == "screen"
+
+
+def test_screen_inputs_are_one_line_errors(tmp_path):
+    from archplace import api
+
+    base = dict(models=(MODEL,), accelerators=64, global_batch=256, microbatches=(1,), hbm_gb=(32.0,))
+    with pytest.raises(ValueError, match="screen_top_k.*screen searcher only"):
+        api.SearchRequest(**base, searcher="phaze", screen_top_k=4).validate()
+    with pytest.raises(ValueError, match="screen_top_k"):
+        api.SearchRequest(**base, searcher="screen", screen_top_k=0).validate()
+    s = SearchSettings(models=(MODEL,), num_devices=64, global_batch=256, microbatches=(1,), hbm_gb=(32,))
+    with pytest.raises(ValueError, match="--schedule sequential: the screen searcher"):
+        run_screen(dataclasses.replace(s, schedule="sequential"), tmp_path / "a", progress=False)
+    with pytest.raises(ValueError, match="--screen-top-k must be an integer >= 1"):
+        run_screen(s, tmp_path / "b", top_k=0, progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
