@@ -103,6 +103,7 @@ def screen(args, d: Path, s, extra=(), phase2=True) -> dict:
     t0 = time.time()
     res = run_screen(s, d, top_k=args.top_k, address=args.address, resume=True, workers=args.workers,
                      archs_per_trial=args.archs_per_task, progress=not args.quiet, report=False,
+                     task_timeout_s=args.task_timeout,
                      extra_candidates=extra, phase2=phase2)
     st = res["stats"]
     part = {"at": t0, "host": socket.gethostname(), "cpus": _cluster_cpus(), "wall_s": time.time() - t0,
@@ -350,6 +351,8 @@ def main() -> int:
     ap.add_argument("--space", help="search-space YAML (default: the packaged Phaze space, 29,831 archs)")
     ap.add_argument("--archs-per-task", type=int, default=50)
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--task-timeout", type=float, default=1800.0,
+                    help="seconds any one wait on a screen task or an ILP architecture's tasks may take")
     ap.add_argument("--ilp-budget", type=float, default=1.0, help="deterministic seconds per layer slice")
     ap.add_argument("--ilp-time-limit", type=float, default=300.0, help="wall-clock safety limit per slice")
     ap.add_argument("--phase", choices=("1", "all"), default="all", help="1: screen only (resume later)")
