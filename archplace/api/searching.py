@@ -65,6 +65,7 @@ class SearchRequest(Request):
     seed: int = 0
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
     capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
+    screen_top_k: int | None = None         # searcher screen: ILP + DP on the top k per objective (None: 32)
 
     def settings(self):
         """The ``SearchSettings`` that define the search's results. A ``space`` file that is not valid
@@ -107,6 +108,9 @@ class SearchRequest(Request):
         for name in ("accelerators", "global_batch", "archs_per_trial", "hysteresis"):
             check_int(name, getattr(self, name))
         check_int("workers", self.workers, optional=True)
+        check_int("screen_top_k", self.screen_top_k, optional=True)
+        if self.screen_top_k is not None and self.searcher != "screen":
+            raise invalid("screen_top_k", f"applies to the screen searcher only, not {self.searcher!r}")
         check_int("seq", self.seq, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("max_failures", self.max_failures, low=0)
@@ -185,20 +189,24 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
     search after the trials in flight; what finished is kept and ``stats["cancelled"]`` is true.
     ``terminal_progress``: ``run_search``'s own progress line on stderr (the CLI's, off by default).
     """
+    from ..platform.screen import DEFAULT_TOP_K, run_screen
     from ..platform.search import run_search
 
     req.validate()
     steps = Steps("search", progress, cancel)
     out = req.out_dir or f"runs/search-{time.strftime('%Y%m%d-%H%M%S')}"
     steps.stage("start", out_dir=out, budget=req.budget)
-    res = run_search(req.settings(), out, searcher=req.searcher, budget=req.budget, address=req.address,
-                     resume=req.resume, retry_failed=req.retry_failed, workers=req.workers, seed=req.seed,
-                     hysteresis=req.hysteresis, area_bucket_mm2=req.area_bucket_mm2,
-                     max_failures=req.max_failures, archs_per_trial=req.archs_per_trial,
-                     schedule_cache=req.schedule_cache, wait_timeout_s=req.wait_timeout_s,
-                     progress=terminal_progress,
-                     on_evaluated=(lambda info: progress("evaluated", info)) if progress else None,
-                     cancel=cancel)
+    common = dict(address=req.address, resume=req.resume, retry_failed=req.retry_failed, workers=req.workers,
+                  seed=req.seed, hysteresis=req.hysteresis, area_bucket_mm2=req.area_bucket_mm2,
+                  archs_per_trial=req.archs_per_trial, schedule_cache=req.schedule_cache,
+                  wait_timeout_s=req.wait_timeout_s, progress=terminal_progress,
+                  on_evaluated=(lambda info: progress("evaluated", info)) if progress else None,
+                  cancel=cancel)
+    if req.searcher == "screen":   # every architecture screened, the top k solved (platform/screen.py)
+        res = run_screen(req.settings(), out, top_k=req.screen_top_k or DEFAULT_TOP_K, **common)
+    else:
+        res = run_search(req.settings(), out, searcher=req.searcher, budget=req.budget,
+                         max_failures=req.max_failures, **common)
     result = SearchResult.from_dict(res)
     steps.done(evaluated=result.evaluated, failed=result.failed, out_dir=result.out_dir)
     return result

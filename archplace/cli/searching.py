@@ -39,7 +39,7 @@ def cmd_search(args) -> dict[str, Any]:
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
-        capture_blocks=args.capture_blocks)
+        capture_blocks=args.capture_blocks, screen_top_k=args.screen_top_k)
     try:
         return api.search(req, terminal_progress=not args.json).to_dict()
     except KeyboardInterrupt:
@@ -77,6 +77,14 @@ def print_search(res: dict[str, Any]) -> None:
                   "limit or a solver failure: those answers may differ on a machine under another load; "
                   "raise "
                   "--ilp-time-limit (or lower --ilp-budget)")
+    scr = st.get("screen")
+    if scr is not None:   # searcher screen: the two phases, and how deep in phase 1 the winners were
+        p1, p2 = st.get("phase1") or {}, st.get("phase2") or {}
+        print(f"  screen       phase 1: {p1.get('architectures', 0)} architectures (sequential schedule), "
+              f"{p1.get('new', 0)} new in {p1.get('wall_s', 0):.1f} s; phase 2 (ILP + DP): "
+              f"{len(st.get('phase2_candidates') or [])} candidates, {p2.get('new', 0)} new in "
+              f"{p2.get('wall_s', 0):.1f} s; winners outside phase 1's top {scr['top_k'] // 2}: "
+              f"{scr['outside_top_half']} of {scr['objectives']} objectives")
     c = res.get("common")
     if c is None:
         print("  no architecture gave a feasible placement"
@@ -121,7 +129,12 @@ def add_search_parser(sub) -> None:
     se.add_argument("--accelerators", type=int, default=1024)
     se.add_argument("--global-batch", type=int, default=4096)
     se.add_argument("--searcher", default="phaze",
-                    help="phaze (area order + hysteresis), optuna, random, grid")
+                    help="phaze (area order + hysteresis), optuna, random, grid, or screen (every "
+                         "architecture of the space with the sequential schedule, then the ILP on the "
+                         "top --screen-top-k per model and across models; --budget does not apply)")
+    se.add_argument("--screen-top-k", type=int, default=None,
+                    help="searcher screen: architectures per objective that phase 2 solves with the ILP "
+                         "(default 32)")
     se.add_argument("--budget", type=int, default=16, help="most architectures to evaluate")
     se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
     se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")

@@ -41,7 +41,7 @@ from .trial import FAULT_ENV, METRIC, SCHEDULES
 # 1-CPU cluster, of every task). Tune needs a non-empty bundle, hence memory rather than nothing.
 TRIAL_RESOURCES = {"memory": 256 * 2**20}
 
-SEARCHERS = ("phaze", "optuna", "random", "grid")
+SEARCHERS = ("phaze", "optuna", "random", "grid", "screen")   # screen: platform/screen.py
 
 
 # ---------------------------------------------------------------------- validation
@@ -475,6 +475,8 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     ``--resume`` continues it); the result's ``stats.cancelled`` says so.
     """
     validate(settings, searcher, budget, workers, archs_per_trial)
+    if searcher == "screen":   # two phases of plain Ray tasks, not a Tune experiment (api.search routes it)
+        raise ValueError("searcher 'screen' runs through archplace.platform.screen.run_screen")
     if retry_failed and not resume:
         raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
                          "pass --resume too")

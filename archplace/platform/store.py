@@ -10,37 +10,32 @@ Layout under the search's ``--out`` directory::
     evaluations.parquet          the compacted table (one row per architecture × model), by ``compact()``
     best.json                    the search's current choice of architectures
 
-Why. The previous store rewrote ``evaluations.parquet`` and ``best.json`` from every row after each
-trial: O(N) per trial, O(N²) over a search. Here
+Why. The previous store rewrote both files from every row after each trial (O(N²) over a search). Here
 
 * ``add()`` appends the trial's rows to the write-ahead log (one JSON line per row, the file object
   flushed to the OS but not fsynced) and keeps them pending in memory. Once ``flush_rows`` rows are
   pending, or ``flush_interval_s`` has passed since the last flush, the pending rows go into one new
-  part file (written to a dot-prefixed temporary name, then renamed) and the log is truncated. The
-  cost of a trial is therefore O(1) amortised: one JSON line per row, plus a bounded part write now
-  and then (and compactions, below).
+  part file (written to a dot-prefixed temporary name, then renamed) and the log is truncated: O(1)
+  amortised per trial (and compactions, below).
 * A SIGKILLed driver loses nothing ``add()`` accepted: its rows are in the log before ``add()``
   returns. ``load()`` reads the compacted table, then the parts in number order, then replays the
   log. A crash between writing a part and truncating the log leaves the same rows in both; log rows
   already present (same ``arch_key``, ``model``, ``trial_id``, ``finished_at``) are skipped, so
   nothing is duplicated. A torn last line (a write cut off by the kill) is ignored: each log line
   names its ``add()`` and how many rows it had, and only complete ``add()`` calls are replayed.
-  ``load()`` itself only reads, so another process (a progress monitor, a test) may load a directory
-  while its driver writes; there is one writer per directory.
-* Re-evaluating an architecture replaces its whole row set (as before): a later ``add()`` of the same
-  ``arch_key`` supersedes the earlier one, in memory, within the pending batch (so a part holds at
-  most one row set per architecture) and on ``load()`` (a later file's row set of an architecture
-  replaces an earlier file's).
+  ``load()`` only reads: another process may load a directory while its (one) driver writes.
+* Re-evaluating an architecture replaces its whole row set: a later ``add()`` of the same key (the
+  ``arch_key``; with the phase for a screen's phase 2) supersedes the earlier one in memory, in the
+  pending batch (a part holds one row set per key) and on ``load()`` (a later file's wins).
 * ``finished()`` and ``best()`` come from state kept up to date by ``add()``: the per-architecture
   summaries, the failed / infeasible counts, the best architecture (across-model average) and the
-  best row per model. ``best()`` is O(models) per call, not O(N). ``write_best()`` writes
-  ``best.json`` at most every ``best_interval_s`` seconds (``force=True`` always writes).
+  best row per model (O(models) per call); ``write_best()`` writes ``best.json`` at most every
+  ``best_interval_s`` seconds (``force=True`` always writes).
 * ``compact()`` writes ``evaluations.parquet`` (the latest row per (arch_key, model), sorted by
   (order, model): the file users and ``archplace.platform.report`` read) from the rows in memory, and
   removes the parts and the log: at a search's end, on resume, and once ``max(compact_parts, rows
   in evaluations.parquet // 256)`` parts are on disk (each rewrite paid for by the parts since the
-  last: O(1) per part). ILP trials finish more than ``flush_interval_s`` apart, one part each, and
-  10,000 uncompacted parts had cost 159 MB and a 21 s load on resume (issue 29).
+  last: O(1) per part; 10,000 uncompacted parts had cost 159 MB and a 21 s load on resume, issue 29).
 
 Files are replaced atomically (temporary file, then rename). Plain pyarrow, no Ray.
 """
@@ -88,6 +83,7 @@ SCHEMA = pa.schema([
     # ended each solve) and how many of them the wall-clock safety limit or a solver failure stopped
     ("ilp_status", pa.string()), ("ilp_worst_gap", pa.float64()), ("ilp_gap_unknown", pa.int64()),
     ("ilp_slices_json", pa.string()), ("ilp_stopped_by", pa.string()), ("ilp_load_dependent", pa.int64()),
+    ("phase", pa.int64()),   # 0 one-phase search; screen.py: 1 sequential screen, 2 ILP + DP of the top-k
 ])
 _DEFAULTS = {pa.int64(): 0, pa.float64(): math.nan, pa.string(): "", pa.bool_(): False}
 FINISHED = ("ok", "infeasible", "failed")
@@ -189,8 +185,12 @@ def _by_model(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _common_ok(e: dict[str, Any]) -> bool:
-    return not e["failed"] and e["value"] > 0
+def _key(r: dict[str, Any]) -> str:   # + the phase for a screen's phase 2: both phases' rows stay
+    return r["arch_key"] if (r.get("phase") or 0) < 2 else f"{r['arch_key']}@{r['phase']}"
+
+
+def _common_ok(e: dict[str, Any]) -> bool:   # a screen's phase-1 rows rank candidates and are never best
+    return not e["failed"] and e["value"] > 0 and e["rows"][0].get("phase") != 1
 
 
 def _common_key(e: dict[str, Any]) -> tuple:
@@ -199,7 +199,8 @@ def _common_key(e: dict[str, Any]) -> tuple:
 
 def _model_ok(r: dict[str, Any] | None) -> bool:
     # an "ok" row with a NaN throughput is never a best row (NaN would make the maximum order-dependent)
-    return r is not None and r["status"] == "ok" and r["throughput"] == r["throughput"]
+    return (r is not None and r["status"] == "ok" and r["throughput"] == r["throughput"]
+            and r.get("phase") != 1)
 
 
 def _model_key(r: dict[str, Any]) -> tuple:
@@ -359,7 +360,7 @@ class ResultStore:
             groups: dict[str, list[dict[str, Any]]] = {}
             for r in rows:
                 full = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
-                groups.setdefault(full["arch_key"], []).append(full)
+                groups.setdefault(_key(full), []).append(full)
             for key, rs in groups.items():
                 self._order.setdefault(key, int(rs[0]["order"]))
                 state[key] = _by_model(rs)
@@ -380,7 +381,7 @@ class ResultStore:
         # the log: complete add() calls only; the latest one of each architecture decides
         latest: dict[str, list[dict[str, Any]]] = {}
         for rows in self._read_wal():
-            key = rows[0]["arch_key"]
+            key = _key(rows[0])
             self._order.setdefault(key, int(rows[0]["order"]))
             latest.pop(key, None)
             latest[key] = _by_model(rows)
@@ -472,7 +473,7 @@ class ResultStore:
         every ``flush_rows`` rows or ``flush_interval_s`` seconds."""
         if not rows:
             return -1
-        key = rows[0]["arch_key"]
+        key = _key(rows[0])
         order = self._order.get(key)
         if order is None:
             order = self._order[key] = self._next_order
