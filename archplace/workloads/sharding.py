@@ -185,6 +185,7 @@ class _Classes:
 
         self.where: list[tuple[int, str]] = [(-1, "")] * n  # slot -> (first op using it, its label)
         nosplit_at: dict[int, tuple[int, str]] = {}
+        op_slots: list[dict[str, int]] = []
         for oi, op in enumerate(g.ops):
             if len(op.labels) != len(op.inputs):
                 raise ValueError(f"op {op.name!r}: {len(op.labels)} label tuples for {len(op.inputs)} inputs")
@@ -200,6 +201,8 @@ class _Classes:
                     by_label.setdefault(lab, []).append(s)
                     if self.where[s][0] < 0:
                         self.where[s] = (oi, lab)
+            # a reshard's input and output are two layouts of one tensor, not one op's work
+            op_slots.append({} if op.kind == "reshard" else {lab: sl[0] for lab, sl in by_label.items()})
             for lab, slots in by_label.items():
                 sizes = {
                     g.tensors[self.tensor_of(s)].shape[s - int(self.offset[self.tensor_of(s)])] for s in slots
@@ -233,6 +236,17 @@ class _Classes:
         self.tensor_classes = [
             self.cls[self.offset[t] : self.offset[t + 1]].tolist() for t in range(len(g.tensors))
         ]
+        # per op: (class, label, slot) of each of its label classes; the ops touching each class. An op's
+        # work divides along one label per axis, so these classes obey the one-split-per-axis rule too
+        self.op_classes: list[list[tuple[int, str, int]]] = []
+        self.ops_of: list[list[int]] = [[] for _ in range(self.num)]
+        for oi, ls in enumerate(op_slots):
+            seen: dict[int, tuple[int, str, int]] = {}
+            for lab, sl in ls.items():
+                seen.setdefault(int(self.cls[sl]), (int(self.cls[sl]), lab, sl))
+            self.op_classes.append(list(seen.values()))
+            for c in seen:
+                self.ops_of[c].append(oi)
         self.tensors_of: list[list[int]] = [[] for _ in range(self.num)]
         for t, cs in enumerate(self.tensor_classes):
             for c in dict.fromkeys(cs):
@@ -319,7 +333,9 @@ def propagate(
                     mesh,
                     values,
                     Conflict(
-                        at, _dim_text(g, slot), f"{fmt(v)} by {why}, but {fmt(have)} by {reason.get(c, '?')}"
+                        at,
+                        _dim_text(g, slot),
+                        f"{fmt(v)} by {why}, but {fmt(have)} by {reason.get(c, 'an earlier decision')}",
                     ),
                 )
             if v > 0:
@@ -379,7 +395,7 @@ def propagate(
                                 g.ops[ooi].name if ooi >= 0 else at,
                                 f"{_dim_text(g, other)} and {_dim_text(g, cl.slot(t, cs.index(c)))}",
                                 f"two dimensions of one tensor split over {mesh.name(v)!r}: "
-                            f"{reason.get(oc, '?')}; "
+                                f"{reason.get(oc, 'an earlier decision')}; "
                                 f"{why}",
                             ),
                         )
@@ -391,6 +407,27 @@ def propagate(
                                 f"{g.tensors[t].name} splitting dim {cs.index(c)} ({why})",
                                 cl.slot(t, d),
                             )
+                        )
+            for oi2 in cl.ops_of[c]:
+                lab_c = next(lab for x, lab, _ in cl.op_classes[oi2] if x == c)
+                for oc, lab, sl in cl.op_classes[oi2]:
+                    if oc == c:
+                        continue
+                    if int(values[oc]) == v:
+                        return Propagation(
+                            g,
+                            mesh,
+                            values,
+                            Conflict(
+                                g.ops[oi2].name,
+                                f"labels {lab_c!r} and {lab!r}",
+                                f"the op's work would split twice over {mesh.name(v)!r}: "
+                                f"{reason.get(oc, 'an earlier decision')}; {why}",
+                            ),
+                        )
+                    if single:
+                        queue.append(
+                            (oc, REPLICATED, f"op {g.ops[oi2].name} splitting label {lab_c!r} ({why})", sl)
                         )
     return Propagation(g, mesh, values)
 
