@@ -218,3 +218,24 @@ def test_t5_parameter_count_matches_transformers():
 def test_vgg19_parameter_count():
     # Simonyan & Zisserman 2015, Table 2: configuration E has 144M parameters (143,667,240 in Keras)
     assert sm.vgg19(batch=2).num_params() == 143_667_240
+
+
+def test_an_op_splits_its_work_along_one_label_per_axis():
+    # ids split by batch and the table by vocabulary share no tensor, but the lookup would need every
+    # vocabulary shard for its batch shard: the op's labels obey the one-split-per-axis rule
+    B = sm.Builder()
+    ids = B.input("ids", (4, 8))
+    B.embedding("lookup", ids, B.param("table", (16, 8)))
+    g = B.build()
+    c = propagate(g, M4, {("ids", 0): "model", ("table", 0): "model"}).conflict
+    assert (
+        c is not None
+        and c.op == "lookup"
+        and "table dim 0" in c.dims
+        and "op lookup splitting label 'a'" in c.reason
+    )
+    # on two axes the same pair is fine: batch over one, vocabulary over the other
+    mesh = Mesh((("data", 2), ("model", 4)))
+    p = propagate(g, mesh, {("ids", 0): "data", ("table", 0): "model"})
+    assert p.conflict is None and p.spec("lookup") == ("data", None, None)
+    assert [(c.kind, c.axis) for c in collectives(p)] == [("allreduce", "model")]
