@@ -238,4 +238,5 @@ def test_an_op_splits_its_work_along_one_label_per_axis():
     mesh = Mesh((("data", 2), ("model", 4)))
     p = propagate(g, mesh, {("ids", 0): "data", ("table", 0): "model"})
     assert p.conflict is None and p.spec("lookup") == ("data", None, None)
-    assert [(c.kind, c.axis) for c in collectives(p)] == [("allreduce", "model")]
+    got = sorted((c.phase, c.kind, c.axis, c.at) for c in collectives(p))
+    assert got == [("backward", "allreduce", "data", "table"), ("forward", "allreduce", "model", "lookup")]
