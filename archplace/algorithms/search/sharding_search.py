@@ -13,7 +13,8 @@ replicated. Undecided dimensions count as replicated.
 * ``brute_force``: every combination of per-variable choices, each propagated and priced (the
   yardstick of the tests).
 * ``greedy``: the paper's decision order (linkage-group size, largest first), each dimension split
-  when propagation allows it and the predicted step time drops.
+  when propagation allows it and the predicted step time drops (or, while the plan does not fit, its
+  memory overflow does).
 * ``random_search``: the same order with coin-flip decisions (a conflicting split becomes a
   replicate), episodes until it has spent as many propagation calls as it was given.
 * ``megatron``: Megatron-LM's known sharding (``meta["megatron"]``), a variable whose split conflicts
@@ -96,6 +97,12 @@ class ShardProblem:
     def fast_cost(self, values: np.ndarray) -> tuple[float, float]:
         """(step s, memory bytes) by the linear form (equal to ``evaluate`` on a propagated plan)."""
         return linear_value(self.linear(), (values > 0).astype(float))
+
+    def score(self, values: np.ndarray) -> tuple[float, float]:
+        """(bytes over the per-device memory, step s): what greedy and random minimise, so a search that
+        starts from a plan that does not fit first makes it fit."""
+        s, m = self.fast_cost(values)
+        return max(0.0, m - self.cost.gpu.memory_bytes), s
 
     def choice_of(self, values: np.ndarray) -> dict[int, int | None]:
         cl = self.graph.classes
@@ -281,15 +288,15 @@ def greedy(pb: ShardProblem, order=None) -> ShardResult:
     order = order if order is not None else decision_order(pb)
     cl = pb.graph.classes
     vals = pb.base.copy()
-    cur = pb.fast_cost(vals)[0]
+    cur = pb.score(vals)
     for t, d in order:
         if vals[cl.tensor_classes[t][d]] != UNKNOWN:
             continue
         p = pb.propagate({(t, d): pb.axis}, base=vals)
         if p.conflict is None:
-            s, m = pb.fast_cost(p.values)
-            if s < cur and m <= pb.cost.gpu.memory_bytes:
-                vals, cur = p.values, s
+            sc = pb.score(p.values)
+            if sc < cur:
+                vals, cur = p.values, sc
                 continue
         vals = pb.propagate({(t, d): None}, base=vals).values
     vals[vals == UNKNOWN] = REPLICATED
@@ -315,9 +322,9 @@ def random_search(pb: ShardProblem, calls: int, seed: int = 0, order=None) -> Sh
                     continue
             vals = pb.propagate({(t, d): None}, base=vals).values
         episodes += 1
-        s, m = pb.fast_cost(vals)
-        if m <= pb.cost.gpu.memory_bytes and (best is None or s < best):
-            best, best_v = s, vals.copy()
+        sc = pb.score(vals)
+        if best is None or sc < best:
+            best, best_v = sc, vals.copy()
     if best_v is None:
         best_v = pb.base.copy()
     best_v[best_v == UNKNOWN] = REPLICATED
