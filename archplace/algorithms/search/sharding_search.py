@@ -142,7 +142,9 @@ class ShardResult:
         }
 
 
-def _result(pb: ShardProblem, algo: str, values: np.ndarray, t0: float, calls0: int, **kw) -> ShardResult:
+def result_from_values(
+    pb: ShardProblem, algo: str, values: np.ndarray, t0: float, calls0: int, **kw
+) -> ShardResult:
     choice = pb.choice_of(values)
     p = propagate(pb.graph, pb.mesh, {**pb.fixed, **pb.decisions(choice)})
     if p.conflict is not None:  # a bug, not an input error: every searcher returns propagated plans
@@ -206,7 +208,7 @@ def brute_force(pb: ShardProblem, limit: int = 100_000) -> ShardResult:
             best, best_v = c, p.values.copy()
     if best is None:
         raise ValueError("no plan fits in memory")
-    return _result(pb, "brute", best_v, t0, c0, status="optimal", evaluated=seen)
+    return result_from_values(pb, "brute", best_v, t0, c0, status="optimal", evaluated=seen)
 
 
 def solve_exact(
@@ -274,7 +276,9 @@ def solve_exact(
     for c, v in x.items():
         if solver.Value(v):
             values[c] = 1
-    res = _result(pb, "ilp", values, t0, c0, status="optimal" if st == cp_model.OPTIMAL else "feasible")
+    res = result_from_values(
+        pb, "ilp", values, t0, c0, status="optimal" if st == cp_model.OPTIMAL else "feasible"
+    )
     res.notes.append(
         f"CP-SAT: {len(x)} class booleans, objective {solver.objective_value / ps + lt.base_s:.6f} s, "
         f"bound {solver.best_objective_bound / ps + lt.base_s:.6f} s, deterministic time "
@@ -300,7 +304,7 @@ def greedy(pb: ShardProblem, order=None) -> ShardResult:
                 continue
         vals = pb.propagate({(t, d): None}, base=vals).values
     vals[vals == UNKNOWN] = REPLICATED
-    return _result(pb, "greedy", vals, t0, c0)
+    return result_from_values(pb, "greedy", vals, t0, c0)
 
 
 def random_search(pb: ShardProblem, calls: int, seed: int = 0, order=None) -> ShardResult:
@@ -328,7 +332,7 @@ def random_search(pb: ShardProblem, calls: int, seed: int = 0, order=None) -> Sh
     if best_v is None:
         best_v = pb.base.copy()
     best_v[best_v == UNKNOWN] = REPLICATED
-    res = _result(pb, "random", best_v, t0, c0, evaluated=episodes)
+    res = result_from_values(pb, "random", best_v, t0, c0, evaluated=episodes)
     res.notes.append(f"{episodes} episodes, seed {seed}")
     return res
 
@@ -355,7 +359,7 @@ def megatron(pb: ShardProblem) -> ShardResult:
             raise RuntimeError(f"megatron: replicating {g.tensors[t].name} conflicts: {p.conflict}")
         vals = p.values
     vals[vals == UNKNOWN] = REPLICATED
-    return _result(pb, "megatron", vals, t0, c0, notes=notes)
+    return result_from_values(pb, "megatron", vals, t0, c0, notes=notes)
 
 
 def adp_exhaustive(pb: ShardProblem, limit: int = 100_000) -> ShardResult:
