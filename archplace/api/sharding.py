@@ -28,7 +28,9 @@ from ._common import (
     invalid,
 )
 
-SHARD_ALGOS = ("ilp", "greedy", "megatron", "random", "exhaustive")
+SHARD_ALGOS = ("ilp", "greedy", "megatron", "random", "exhaustive", "dqn")
+SHARD_REWARDS = ("paper", "cost")
+DQN_BUDGET = 20_000  # propagation calls of a DQN search without ``budget``
 SHARD_FAMILIES = ("t5", "gpt2", "bert", "vgg19")
 SHARD_DTYPES = ("bf16", "fp16", "tf32", "fp32")
 
@@ -43,9 +45,15 @@ class ShardRequest(Request):
     batch: int = 8  # examples per step (every device sees the whole batch under OPP)
     gpu: str = "v100-sxm2"  # a GPU preset (hardware/gpus.py): peaks, HBM, NVLink, memory
     dtype: str = "fp16"  # GEMM dtype (Auto-MAP's mixed precision)
-    budget: int | None = None  # random: propagation calls (None: as many as greedy spends)
+    budget: int | None = None  # random: propagation calls (None: as many as greedy spends); dqn: propagation
+    #                            calls (None: DQN_BUDGET)
+    reward: str = "paper"  # dqn: paper (+0.4 split, +0.1 replicate, -1 conflict) or cost (-Δ step time)
     max_deterministic_s: float = 10.0  # ilp: CP-SAT deterministic-time budget
     seed: int = 0
+
+    @property
+    def needs_ray(self) -> bool:
+        return self.algo == "dqn"
 
     def validate(self) -> None:
         if not (isinstance(self.model, str) and self.model):
@@ -62,6 +70,7 @@ class ShardRequest(Request):
         check_int("budget", self.budget, low=1, optional=True)
         check_positive_number("max_deterministic_s", self.max_deterministic_s)
         check_int("seed", self.seed, low=0)
+        check_choice("reward", self.reward, SHARD_REWARDS)
         if self.algo == "megatron" and self.data_parallel:
             raise invalid(
                 "algo",
@@ -179,6 +188,27 @@ def shard(
         res = ss.megatron(pb)
     elif req.algo == "exhaustive":
         res = ss.adp_exhaustive(pb)
+    elif req.algo == "dqn":
+        from ..algorithms.rl.sharding_dqn import dqn_search
+        from ._common import require_ray
+
+        require_ray("shard algo 'dqn'")
+        budget = req.budget or DQN_BUDGET
+        run = dqn_search(pb, budget, reward=req.reward, seed=req.seed)
+        if run.best is None:
+            raise ValueError(f"dqn: no episode completed in {budget} propagation calls; raise budget")
+        res = run.best
+        res.propagation_calls = run.propagation_calls
+        res.notes = [
+            *run.notes,
+            f"{run.episodes} episodes; best-seen plan {run.best_partitioned_dims} dims split "
+            f"(stage 1: {run.stage1_partitioned_dims}); greedy policy: "
+            + (
+                f"{run.greedy.partitioned} variables split, {run.greedy.cost.step_s:.6f} s"
+                if run.greedy
+                else "conflicts"
+            ),
+        ]
     else:
         budget = req.budget or ss.greedy(ss.ShardProblem(g, req.devices, mode, pb.cost)).propagation_calls
         res = ss.random_search(pb, budget, seed=req.seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace.api.sharding import SHARD_ALGOS, SHARD_DTYPES, ShardRequest, shard
-from archplace.cli.common import fmt_bytes
+from archplace.cli.common import connect_if_needed, fmt_bytes
 from archplace.hardware.gpus import GPUS
 
 
@@ -32,7 +32,9 @@ def cmd_shard(args) -> dict[str, Any]:
         budget=args.budget,
         max_deterministic_s=args.max_deterministic_time,
         seed=args.seed,
+        reward=args.reward,
     )
+    connect_if_needed(req, args.address)
     return shard(req).to_dict()
 
 
@@ -98,7 +100,8 @@ def add_shard_parser(sub) -> None:
         default="ilp",
         help="ilp (default): CP-SAT, the optimum of the predicted step time under memory; greedy; "
         "random (--budget propagation calls); megatron: Megatron-LM's sharding (OPP); "
-        "exhaustive: every choice of the data inputs (ADP)",
+        "exhaustive: every choice of the data inputs (ADP); dqn: Auto-MAP's DQN (Ray; --budget propagation "
+        "calls, default 20000)",
     )
     p.add_argument(
         "--data-parallel",
@@ -123,5 +126,13 @@ def add_shard_parser(sub) -> None:
         default=10.0,
         help="ilp: CP-SAT deterministic-time budget (default 10)",
     )
+    p.add_argument(
+        "--reward",
+        choices=("paper", "cost"),
+        default="paper",
+        help="dqn: paper (+0.4 split, +0.1 replicate, -1 conflict) or cost (minus the change of the "
+        "predicted step time)",
+    )
+    p.add_argument("--address", help="dqn: attach to a running Ray cluster (default: an embedded local Ray)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
