@@ -99,6 +99,54 @@ def opp(model: str, devices: int, seeds: int, cost: ShardCost) -> dict:
     return out
 
 
+def dqn(model: str, devices: int, budget: int, seeds: int, cost: ShardCost, reward: str) -> dict:
+    """The paper's DQN (two stages) at ``budget`` propagation calls per seed, beside the exact optimum and
+    Megatron's count; greedy and random get the same calls."""
+    from archplace.algorithms.rl.sharding_dqn import dqn_search
+
+    g, _ = shard_graph(model, None, BATCH.get(model, 8))
+    meg = ss.megatron(ss.ShardProblem(g, devices, "opp", cost))
+    exact = ss.solve_exact(ss.ShardProblem(g, devices, "opp", cost))
+    runs = []
+    for seed in range(seeds):
+        r = dqn_search(ss.ShardProblem(g, devices, "opp", cost), budget, reward=reward, seed=seed)
+        rnd = ss.random_search(ss.ShardProblem(g, devices, "opp", cost), budget, seed=seed)
+        runs.append(
+            {
+                "seed": seed,
+                "best_partitioned_dims": r.best_partitioned_dims,
+                "stage1_partitioned_dims": r.stage1_partitioned_dims,
+                "best": row(r.best, meg) if r.best else None,
+                "greedy": row(r.greedy, meg) if r.greedy else None,
+                "propagation_calls": r.propagation_calls,
+                "episodes": r.episodes,
+                "wall_s": r.wall_s,
+                "history": r.history,
+                "notes": r.notes,
+                "random_same_calls": row(rnd, meg),
+            }
+        )
+        print(
+            f"DQN {model} T={devices} seed {seed}: best {r.best_partitioned_dims} dims split (stage 1 "
+            f"{r.stage1_partitioned_dims}; Megatron {meg.partitioned}), "
+            f"step {r.best.cost.step_s * 1e3:.2f} ms vs "
+            f"exact {exact.cost.step_s * 1e3:.2f} ms; greedy policy "
+            f"{r.greedy.partitioned if r.greedy else 'conflict'}; {r.propagation_calls} calls, {r.episodes} "
+            f"episodes, {r.wall_s:.0f} s; random at equal calls {rnd.cost.step_s * 1e3:.2f} ms",
+            flush=True,
+        )
+    return {
+        "model": model,
+        "devices": devices,
+        "budget": budget,
+        "reward": reward,
+        "megatron_partitioned": meg.partitioned,
+        "exact_step_s": exact.cost.step_s,
+        "runs": runs,
+        "paper": PAPER_OPP.get(model),
+    }
+
+
 def adp(model: str, devices: int, cost: ShardCost) -> dict:
     batch = BATCH.get(model, 8)
     g, _ = shard_graph(model, None, batch)
@@ -121,6 +169,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sharding.json"))
+    ap.add_argument("--dqn-budget", type=int, default=0, help="propagation calls per DQN seed (0: no DQN)")
+    ap.add_argument("--dqn-models", nargs="+", default=["t5-base"])
+    ap.add_argument("--dqn-devices", type=int, default=4)
+    ap.add_argument("--dqn-reward", choices=("paper", "cost"), default="paper")
     a = ap.parse_args()
     load = os.getloadavg()
     cost = ShardCost(gpu_spec("v100-sxm2"), "fp16")
@@ -131,12 +183,15 @@ def main() -> None:
             res["opp"].append(r)
             rnd = min(x["step_s"] for x in r["random"])
             ex, ref, gr = r["exact"], r["reference"], r["greedy"]
-            print(f"OPP {m:<10} T={T}: exact {ex['step_s'] * 1e3:9.2f} ms ({ex['partitioned']:>3} split, "
-                  f"{ex['status']}, {ex['wall_s']:.2f} s) | {ref['algo']} {ref['step_s'] * 1e3:9.2f} ms "
-                  f"({ref['partitioned']:>3} split, {ref['dropped']} dropped) | greedy "
-                  f"{gr['step_s'] * 1e3:9.2f} ms "
-                  f"| random best {rnd * 1e3:9.2f} ms @ {gr['propagation_calls']} calls | fits "
-                  f"{ex['fits']}/{ref['fits']} | paper {PAPER_OPP.get(m)}", flush=True)
+            print(
+                f"OPP {m:<10} T={T}: exact {ex['step_s'] * 1e3:9.2f} ms ({ex['partitioned']:>3} split, "
+                f"{ex['status']}, {ex['wall_s']:.2f} s) | {ref['algo']} {ref['step_s'] * 1e3:9.2f} ms "
+                f"({ref['partitioned']:>3} split, {ref['dropped']} dropped) | greedy "
+                f"{gr['step_s'] * 1e3:9.2f} ms "
+                f"| random best {rnd * 1e3:9.2f} ms @ {gr['propagation_calls']} calls | fits "
+                f"{ex['fits']}/{ref['fits']} | paper {PAPER_OPP.get(m)}",
+                flush=True,
+            )
     for m in ("t5-base", "vgg19"):
         r = adp(m, 8, cost)
         res["adp"].append(r)
@@ -144,6 +199,11 @@ def main() -> None:
             f"ADP {m}: {r['exhaustive']['strategy']} ({r['exhaustive']['wall_s']:.2f} s, "
             f"{r['exhaustive']['propagation_calls']} calls); ilp {r['ilp']['strategy']}; paper {r['paper']}"
         )
+    if a.dqn_budget:
+        import ray
+
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        res["dqn"] = [dqn(m, a.dqn_devices, a.dqn_budget, a.seeds, cost, a.dqn_reward) for m in a.dqn_models]
     res["meta"] = {
         **_meta.git_state(),
         "command": _meta.command(),
