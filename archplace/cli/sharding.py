@@ -67,7 +67,8 @@ def print_shard(res: dict[str, Any]) -> None:
     if ref:
         print(
             f"  Megatron     {ref['step_s'] * 1e3:.3f} ms ({ref['partitioned_variables']} partitioned, "
-            f"{ref['dropped']} of its splits conflict here); ours differs on {ref['differs']} variables"
+            f"{ref['dropped']} of its splits conflict here); ours differs on {ref['differs']} variables "
+            "(Megatron -> ours)"
         )
         for d in ref["differences"][:10]:
             print(f"    {d}")
