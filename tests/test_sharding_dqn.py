@@ -58,3 +58,14 @@ def test_dqn_reaches_megatron_partition_count(ray_session, tmp_path):
     assert res.reference["differs"] == 0  # the paper's reward's best plan is Megatron's here
     assert res.propagation_calls <= 1000
     assert any("episodes" in n for n in res.notes)
+
+
+def test_dqn_adp_finds_batch_dimension(ray_session):
+    from archplace.algorithms.rl.sharding_dqn import dqn_search
+
+    g = sm.t5({k: v for k, v in CFG.items() if k != "model_type"}, seq=16, batch=8)
+    r = dqn_search(ss.ShardProblem(g, 4, "adp"), 150, seed=0)
+    assert r.best is not None and r.propagation_calls <= 150
+    assert r.best.choice == dict.fromkeys(
+        ["input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask", "labels"], 0
+    )

@@ -157,7 +157,9 @@ def dqn_search(
         if not env.exhausted:
             notes.append(f"stopped by safety_wall_s={safety_wall_s} at {env.calls} of {budget} calls")
         calls, episodes = env.calls, env.episodes
-        genv = ShardingEnv({"problem": pb, "reward": reward, "order": order})
+        # the final network's argmax plan from the state its last stage trained on (stage 2: the
+        # stage-1 best with its replicated dims reopened)
+        genv = ShardingEnv({"problem": pb, "reward": reward, "order": order, "start": env.start})
         gv, _ = greedy_values(algo, genv)
     finally:
         algo.stop()
