@@ -213,6 +213,10 @@ def test_t5_parameter_count_matches_transformers():
     with torch.device("meta"):
         ref = transformers.BertModel(transformers.BertConfig(**bcfg)).num_parameters()
     assert sm.bert(bcfg, seq=8, batch=2).num_params() == ref
+    gcfg = dict(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=100)
+    with torch.device("meta"):
+        ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(**gcfg)).num_parameters()
+    assert sm.gpt(layers=2, hidden=32, heads=4, vocab=100, seq=8, batch=2, positions=16).num_params() == ref
 
 
 def test_vgg19_parameter_count():
