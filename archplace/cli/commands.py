@@ -25,6 +25,7 @@ from archplace.cli import (
     profiling,
     searching,
     serve,
+    sharding,
     tune_rl,
 )
 
@@ -44,7 +45,7 @@ COMMANDS = {command: _entry(module, command) for command, module in (
     ("models", graphs), ("graph", graphs), ("estimate", graphs), ("place", placement),
     ("solve-dp", placement), ("search", searching), ("place-ops", operator_placement),
     ("partition", partitioning), ("tune-rl", tune_rl), ("pipeline", pipelining), ("profile", profiling),
-    ("report", searching))}
+    ("report", searching), ("shard", sharding))}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,139 @@
+"""``archplace`` ``shard``: operator sharding (OPP) or data-parallel dimensions (ADP, ``--data-parallel``)
+of a model over T devices (Auto-MAP), by CP-SAT (default), greedy, random, Megatron's known sharding or
+(ADP) enumeration, priced by the predicted step time.
+
+Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
+each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archplace.api.sharding import SHARD_ALGOS, SHARD_DTYPES, ShardRequest, shard
+from archplace.cli.common import connect_if_needed, fmt_bytes
+from archplace.hardware.gpus import GPUS
+
+
+def cmd_shard(args) -> dict[str, Any]:
+    if args.hf_config and args.model:
+        raise ValueError(f"give MODEL or --hf-config, not both (got {args.model!r} and {args.hf_config!r})")
+    if not (args.model or args.hf_config):
+        raise ValueError("MODEL or --hf-config CONFIG.json is required")
+    model = f"hf:{args.hf_config}" if args.hf_config else args.model
+    req = ShardRequest(
+        model,
+        devices=args.devices,
+        algo=args.algo,
+        data_parallel=args.data_parallel,
+        seq=args.seq,
+        batch=args.batch,
+        gpu=args.gpu,
+        dtype=args.dtype,
+        budget=args.budget,
+        max_deterministic_s=args.max_deterministic_time,
+        seed=args.seed,
+        reward=args.reward,
+    )
+    connect_if_needed(req, args.address)
+    return shard(req).to_dict()
+
+
+def print_shard(res: dict[str, Any]) -> None:
+    g = res["graph"]
+    what = "data inputs (ADP)" if res["mode"] == "adp" else "trainable variables (OPP)"
+    print(
+        f"{res['model']} ({res['family']}, batch {res['batch']}, seq {res['seq']}) over {res['devices']} "
+        f"{res['gpu']} [{res['algo']}, {res['status']}, {res['search_wall_s']:.2f} s, "
+        f"{res['propagation_calls']} propagation calls]"
+    )
+    print(
+        f"  graph        {g['tensors']} tensors, {g['ops']} ops, {g['parameters']:,} parameters; "
+        f"{g['decision_variables']} {what} with {g['decision_dims']} dims; {g['classes']} dim classes"
+    )
+    print(f"  partitioned  {res['partitioned_variables']} of {g['decision_variables']}")
+    for k, v in res["table3"].items():
+        print(f"    {k:<60} {v}")
+    print(
+        f"  step         {res['step_s'] * 1e3:.3f} ms (compute {res['compute_s'] * 1e3:.3f} ms, "
+        f"communication {res['comm_s'] * 1e3:.3f} ms)"
+    )
+    print(
+        f"  memory       {fmt_bytes(res['memory_bytes'])} per device"
+        + ("" if res["fits"] else "  OUT OF MEMORY")
+    )
+    for k, v in sorted(res["collectives"].items()):
+        print(f"  {k:<24} {v['count']:>4} x, {fmt_bytes(v['bytes'])} per device")
+    ref = res.get("reference")
+    if ref:
+        print(
+            f"  Megatron     {ref['step_s'] * 1e3:.3f} ms ({ref['partitioned_variables']} partitioned, "
+            f"{ref['dropped']} of its splits conflict here); ours differs on {ref['differs']} variables "
+            "(Megatron -> ours)"
+        )
+        for d in ref["differences"][:10]:
+            print(f"    {d}")
+    for n in res["notes"][:5]:
+        print(f"  note         {n}")
+
+
+def add_shard_parser(sub) -> None:
+    p = sub.add_parser(
+        "shard",
+        help="operator sharding (OPP) or data-parallel dimensions (ADP) over T devices "
+        "(Auto-MAP; CP-SAT by default)",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a preset of family t5, gpt2 or bert (see `archplace models`), or vgg19",
+    )
+    p.add_argument(
+        "--hf-config",
+        metavar="CONFIG.json",
+        default=None,
+        help="a transformers config of a T5, GPT-2 or BERT model, instead of a preset",
+    )
+    p.add_argument("--devices", type=int, required=True, help="T: each split dimension is split over all T")
+    p.add_argument(
+        "--algo",
+        choices=SHARD_ALGOS,
+        default="ilp",
+        help="ilp (default): CP-SAT, the optimum of the predicted step time under memory; greedy; "
+        "random (--budget propagation calls); megatron: Megatron-LM's sharding (OPP); "
+        "exhaustive: every choice of the data inputs (ADP); dqn: Auto-MAP's DQN (Ray; --budget propagation "
+        "calls, default 20000)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="ADP: find the batch dimension of the data inputs (variables replicated)",
+    )
+    p.add_argument("--seq", type=int, default=None, help="tokens (default: the preset's; vgg19: image side)")
+    p.add_argument("--batch", type=int, default=8, help="examples per step (default 8)")
+    p.add_argument(
+        "--gpu", choices=sorted(GPUS), default="v100-sxm2", help="GPU preset (default v100-sxm2, Auto-MAP's)"
+    )
+    p.add_argument("--dtype", choices=SHARD_DTYPES, default="fp16", help="GEMM dtype (default fp16)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="random: propagation calls (default: as many as greedy spends)",
+    )
+    p.add_argument(
+        "--max-deterministic-time",
+        type=float,
+        default=10.0,
+        help="ilp: CP-SAT deterministic-time budget (default 10)",
+    )
+    p.add_argument(
+        "--reward",
+        choices=("paper", "cost"),
+        default="paper",
+        help="dqn: paper (+0.4 split, +0.1 replicate, -1 conflict) or cost (minus the change of the "
+        "predicted step time)",
+    )
+    p.add_argument("--address", help="dqn: attach to a running Ray cluster (default: an embedded local Ray)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
