@@ -223,6 +223,12 @@ class Client:
     ) -> dict[str, Any]:
         return self._operation("/v1/pipelines", {"model": model, **options}, wait, timeout_s)
 
+    def shard(
+        self, model: str, wait: bool = True, timeout_s: float = 3600, **options: Any
+    ) -> dict[str, Any]:
+        """Operator sharding (OPP) or, with ``data_parallel=True``, ADP (``archplace shard``)."""
+        return self._operation("/v1/shardings", {"model": model, **options}, wait, timeout_s)
+
     def operation(self, op_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/operations/{op_id}")
 

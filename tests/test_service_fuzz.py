@@ -242,9 +242,16 @@ ENDPOINTS: dict[str, tuple[str, dict, dict[str, list]]] = {
         "op_model": bad_optional_literal(["roofline", "calibrated"]) + ["profiled"],
         "dtype": bad_optional_literal(["bf16", "fp32"]) + ["float32"],
         "attention": bad_literal(["eager", "sdpa"])}),
+    "shard": ("/v1/shardings", {"model": "bert-base", "devices": 4}, {
+        "model": BAD_MODEL + ["opt-350m", "hf:/etc/passwd"], "devices": bad_int(1, 1024, False),
+        "algo": bad_literal(["ilp", "greedy", "megatron", "random", "exhaustive", "dqn"]) + ["exhaustive"],
+        "data_parallel": BAD_BOOL, "seq": bad_int(1, 32_768, True), "batch": bad_int(1, 4096, False),
+        "gpu": bad_literal(["v100-sxm2", "h200"]), "dtype": bad_literal(["fp16", "bf16"]) + ["float32"],
+        "budget": bad_int(1, 100_000, True), "reward": bad_literal(["paper", "cost"]),
+        "max_deterministic_s": bad_float(0, 120, True, False), "seed": bad_int(0, 2**31 - 1, False)}),
 }
 REQUIRED = {"create_study": ["name", "models"], "evaluate": ["model"], "partition": ["model"],
-            "pipeline": ["model"]}
+            "pipeline": ["model"], "shard": ["model"]}
 EXTRA_FIELDS = [{"bogus": 1}, {"Name": "x"}, {"__proto__": {}}, {"constructor": 1}, {"": 1}, {"🚀": 1},
                 {"name ": "x"}, {"x" * 4000: 1}, {"\ud800": 1}, {"id": "0" * 32}, {"owner": "bob"}]
 INVALID_JSON = [b"{", b"}", b'{"name": }', b"{'name': 'x'}", b'{"count": 1,}', b'{"a":1}{"b":2}', b"// c\n{}",
@@ -401,6 +408,7 @@ def path_cases() -> list[Case]:
                  ("PUT", "/v1/studies/fz/trials/1:complete"), ("POST", "/v1/studies/fz/best"),
                  ("DELETE", "/v1/studies/fz/pareto"), ("GET", "/v1/evaluations"), ("PUT", "/v1/evaluations"),
                  ("GET", "/v1/partitions"), ("DELETE", "/v1/pipelines"), ("POST", "/v1/operations"),
+                 ("GET", "/v1/shardings"), ("PUT", "/v1/shardings"),
                  ("DELETE", f"/v1/operations/{hexid}"), ("PUT", f"/v1/operations/{hexid}"),
                  ("GET", f"/v1/operations/{hexid}:cancel"), ("POST", "/v1/health"), ("DELETE", "/v1/health"),
                  ("PUT", "/v1/health"), ("OPTIONS", "/v1/studies"), ("OPTIONS", "/v1/evaluations"),
@@ -439,6 +447,7 @@ def auth_cases(rng: random.Random, revoked: str) -> list[Case]:
               ("GET", "/v1/studies/fz/best", None), ("GET", "/v1/studies/fz/pareto", None),
               ("POST", "/v1/evaluations", dumps({"model": "bert-base", "sequential": True})),
               ("POST", "/v1/partitions", model), ("POST", "/v1/pipelines", model),
+              ("POST", "/v1/shardings", model),
               ("GET", "/v1/operations", None), ("GET", "/v1/operations/" + "0" * 32, None),
               ("POST", f"/v1/operations/{'0' * 32}:cancel", None)]
     headers = [None, Header("Bearer"), Header("Bearer "), Header("Bearer ap_forged"),

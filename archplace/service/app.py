@@ -28,6 +28,7 @@ from .schemas import (
     Pareto,
     PartitionRequest,
     PipelineRequest,
+    ShardRequest,
     Study,
     StudyCreate,
     StudyList,
@@ -246,6 +247,10 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/v1/pipelines", response_model=Operation, status_code=202)
     def pipeline(body: PipelineRequest, who: Owner):
         return state.operations.create(who, "pipeline", body.model_dump(mode="json"))
+
+    @app.post("/v1/shardings", response_model=Operation, status_code=202)
+    def sharding(body: ShardRequest, who: Owner):
+        return state.operations.create(who, "shard", body.model_dump(mode="json"))
 
     @app.get("/v1/operations", response_model=OperationList)
     def list_operations(

@@ -105,7 +105,7 @@ operations = sa.Table(
     metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("owner", sa.String(64), nullable=False, index=True),
-    sa.Column("kind", sa.String(16), nullable=False),  # evaluate, partition, pipeline
+    sa.Column("kind", sa.String(16), nullable=False),  # evaluate, partition, pipeline, shard
     sa.Column("request_json", sa.Text, nullable=False),
     sa.Column("cache_key", sa.String(64), nullable=False, index=True),
     # PENDING, RUNNING, DONE, FAILED, CANCELLED

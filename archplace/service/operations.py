@@ -113,6 +113,10 @@ def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
         return api.partition(api.PartitionRequest(**request)).to_dict()
     if kind == "pipeline":
         return api.pipeline(api.PipelineRequest(**request)).to_dict()
+    if kind == "shard":  # algo dqn needs Ray: a Ray task has it, as partition's ppo
+        from archplace.api.sharding import ShardRequest, shard
+
+        return shard(ShardRequest(**request)).to_dict()
     raise ValueError(f"operation kind {kind!r} unknown")
 
 

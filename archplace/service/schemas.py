@@ -412,13 +412,60 @@ class PipelineRequest(Strict):
     _check = field_validator("model")(classmethod(lambda cls, v: _check_models([v])[0]))
 
 
+def _shard_models() -> list[str]:
+    """The models ``archplace shard`` builds a tensor graph for: the presets of its families, and VGG-19
+    (a config file, ``hf:PATH``, is a client's file and not on the server)."""
+    from ..api.sharding import SHARD_FAMILIES
+    from ..workloads.models import PRESETS
+
+    return sorted(n for n, p in PRESETS.items() if p.family in SHARD_FAMILIES) + ["vgg19"]
+
+
+class ShardRequest(Strict):
+    """Operator sharding (OPP) or data-parallel dimensions (ADP) of a model over T devices
+    (``archplace shard``, Auto-MAP). ``algo`` dqn runs on the service's Ray cluster, as partition's ppo."""
+
+    model: str
+    devices: int = Field(default=8, ge=1, le=1024)
+    algo: Literal["ilp", "greedy", "megatron", "random", "exhaustive", "dqn"] = "ilp"
+    data_parallel: bool = False
+    seq: int | None = Field(default=None, ge=1, le=32_768)
+    batch: int = Field(default=8, ge=1, le=4096)
+    gpu: Literal[tuple(sorted(GPUS))] = "v100-sxm2"
+    dtype: Literal["bf16", "fp16", "tf32", "fp32"] = "fp16"
+    budget: int | None = Field(default=None, ge=1, le=100_000)  # random / dqn: propagation calls
+    reward: Literal["paper", "cost"] = "paper"
+    max_deterministic_s: Finite = Field(default=10.0, gt=0, le=120)  # ilp: CP-SAT deterministic time
+    seed: Seed = 0
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        known = _shard_models()
+        if v not in known:
+            raise ValueError(f"model {v!r} has no sharding graph; allowed: {known}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShardRequest:
+        """The API's own checks (algo against data_parallel and the model), before any work starts."""
+        from ..api.sharding import ShardRequest as ApiShardRequest
+
+        ApiShardRequest(**self.model_dump()).validate()
+        if self.algo == "megatron" and self.model == "vgg19":
+            raise ValueError(
+                "algo megatron: VGG-19 has no Megatron sharding (Megatron-LM splits transformers); use ilp"
+            )
+        return self
+
+
 OperationState = Literal["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"]
 
 
 class Operation(BaseModel):
     id: str
     resource: str
-    kind: Literal["evaluate", "partition", "pipeline"]
+    kind: Literal["evaluate", "partition", "pipeline", "shard"]
     state: OperationState
     done: bool
     request: dict[str, Any]
