@@ -36,6 +36,7 @@ PLACE_ILP_BUDGET = 10.0
 PLACE_ILP_TIME_LIMIT_S = 300.0
 RECOMPUTE = (False, True)
 DP_METHODS = ("auto", "dp", "milp")
+TP_FROM = ("roles", "shard")
 
 
 # ---------------------------------------------------------------------- place
@@ -60,9 +61,15 @@ class PlaceRequest(Request):
     optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
     sync_model: str = "exposed"                  # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
     capture_blocks: int = 3                      # leading blocks captured per stack (more where kinds need)
+    tp_from: str = "roles"                       # TP slices: "roles" (tp_roles.py) or "shard" (ILP sharding)
 
     def validate(self) -> None:
         check_model(self.model, files=False)
+        check_choice("tp_from", self.tp_from, TP_FROM)
+        if self.tp_from == "shard":
+            from .tp_shard import check_shard_model
+
+            check_shard_model(self.model)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("sync_model", self.sync_model, SYNC_MODELS)
         check_capture_blocks(self.model, self.capture_blocks)
@@ -114,6 +121,16 @@ class PlaceResult(Result):
     schedule: str                   # "ilp" or "sequential"
     strategy: str = "dp"            # "dp" (best p, d, t), "fixed" (given p, d, t; DP split) or "expert"
     optimizer: str = "adam"         # the optimizer whose state the HBM fit counts
+    # tp_from "shard" only (absent from to_dict otherwise): per TP width the role table derived from the
+    # ILP sharding, where it differs from tp_roles.py, what it could not apply, and the role tables'
+    # placement beside it (tp_shard.py)
+    tp_source: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if d.get("tp_source") is None:
+            d.pop("tp_source", None)
+        return d
 
     @property
     def feasible(self) -> bool:
@@ -154,6 +171,15 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     widths = (pdt[2],) if pdt is not None else tuple(preset(req.model).tmp_widths)
     common = (req.accelerators, req.global_batch, req.optimizer, LINK_BW, req.seq, (kind,),
               req.capture_blocks)
+    tp_source, graph_fn = None, None
+    if req.tp_from == "shard":
+        from .tp_shard import shard_graph_fn
+
+        smallest = min((m for m in MICROBATCHES if req.global_batch % m == 0), default=1)
+        tp_source, graph_fn = shard_graph_fn(req.model, [t for t in widths if 1 < t <= req.accelerators],
+                                             req.seq, smallest, req.capture_blocks)
+        steps.stage("shard", widths=sorted(tp_source["widths"]))
+    solve_kw["graph_fn"] = graph_fn
     layers, timing, stats = prepare_layers(req.model, acc, (), widths, *common, **solve_kw)  # zero totals
     cases = [(m, t) for m in MICROBATCHES if req.global_batch % m == 0
              for t in widths if t <= req.accelerators]
@@ -184,9 +210,20 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
     tp = ThroughputResult(req.model, acc, best, rows, timing, stats)
     steps.stage("dp", feasible=best.feasible, throughput=tp.throughput)
     strategy = "expert" if req.expert is not None else "fixed" if req.fixed is not None else "dp"
+    if tp_source is not None:   # the role tables' placement beside it (an error is its reason)
+        from dataclasses import replace
+
+        try:
+            roles = place(replace(req, tp_from="roles"))
+            keep = ("p", "d", "t", "microbatch", "time_per_batch_s")
+            tp_source["roles"] = {"throughput": roles.throughput, "feasible": roles.feasible,
+                                  "placement": {k: roles.placement.get(k) for k in keep},
+                                  "reason": roles.reason}
+        except ValueError as e:
+            tp_source["roles"] = {"throughput": 0.0, "feasible": False, "reason": str(e).splitlines()[0]}
     res = PlaceResult(**tp.summary(), area_mm2=accelerator_area_mm2(acc), accelerators=req.accelerators,
                       global_batch=req.global_batch, schedule=kind, strategy=strategy,
-                      optimizer=req.optimizer)
+                      optimizer=req.optimizer, tp_source=tp_source)
     steps.done(feasible=res.feasible, throughput=res.throughput)
     return res
 

@@ -40,7 +40,8 @@ def cmd_place(args) -> dict[str, Any]:
                            expert=_parse_expert(args.expert, args.model),
                            ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit,
                            contention=not args.no_contention, optimizer=args.optimizer,
-                           sync_model=args.sync_model, capture_blocks=args.capture_blocks)
+                           sync_model=args.sync_model, capture_blocks=args.capture_blocks,
+                           tp_from=args.tp_from)
     return api.place(req).to_dict()
 
 
@@ -111,6 +112,26 @@ def print_place(res: dict[str, Any]) -> None:
               f"memory {st['memory_bytes'] / 2**30:.2f} GiB")
     t = res["timing_s"]
     print(f"  time         estimate {t['estimate_s']:.2f} s, ILP {t['ilp_s']:.2f} s, DP {t['dp_s']:.2f} s")
+    _print_tp_source(res.get("tp_source"), res["throughput"])
+
+
+def _print_tp_source(src: dict[str, Any] | None, throughput: float) -> None:
+    """``--tp-from shard``: per TP width where the ILP sharding differs from the role tables, and the
+    role tables' placement beside this one."""
+    if not src:
+        return
+    for t, w in sorted(src["widths"].items(), key=lambda kv: int(kv[0])):
+        same = "equals the role tables" if w["equals_role_tables"] else "; ".join(w["differences"])
+        print(f"  tp {t:>3}       from shard --algo ilp (batch {src['batch']}, {w['shard_status']}): {same}")
+        for n in w["not_applied"][:4]:
+            print(f"               not applied: {n}")
+    ro = src.get("roles") or {}
+    if ro.get("feasible"):
+        p = ro["placement"]
+        print(f"  role tables  {ro['throughput']:.2f} samples/s (p={p['p']} d={p['d']} t={p['t']}); "
+              f"from shard {throughput:.2f} samples/s")
+    else:
+        print(f"  role tables  infeasible: {ro.get('reason')}")
 
 
 def cmd_solve_dp(args) -> dict[str, Any]:
@@ -153,6 +174,10 @@ def add_place_parser(sub) -> None:
     add_ilp_budget_args(pl, api.PlaceRequest.ilp_budget, api.PlaceRequest.ilp_time_limit_s)
     pl.add_argument("--no-contention", action="store_true", help=NO_CONTENTION_HELP)
     add_training_args(pl)
+    pl.add_argument("--tp-from", choices=api.placement.TP_FROM, default="roles",
+                    help="TP slices from the built-in role tables (roles, default) or from the sharding "
+                         "`archplace shard --algo ilp` finds at each width (shard; the role tables' "
+                         "placement is reported beside it)")
     pl.add_argument("--json", action="store_true")
 
 

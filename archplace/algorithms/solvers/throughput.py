@@ -151,12 +151,14 @@ class ThroughputResult:
 def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_widths=None,
                    num_devices: int = 1024, global_batch: int = 4096, optimizer: str = "adam",
                    link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, seq: int | None = None,
-                   schedules=("ilp",), capture_blocks: int = 3,
+                   schedules=("ilp",), capture_blocks: int = 3, graph_fn=None,
                    **solve_kw: Any) -> tuple[dict, dict[str, float], dict[str, Any]]:
     """``{schedule: {mbs: {t: PlacementLayers}}}`` for the layer-schedule kinds in ``schedules``
     ("ilp" and/or "sequential"), with the time spent per step and the ILP's cache statistics.
     The ILP gets the estimates' bandwidth shares; ``solve_kw`` may set ``contention=False`` (the
-    paper's model: concurrently running ops each get the full HBM/GLB bandwidth)."""
+    paper's model: concurrently running ops each get the full HBM/GLB bandwidth). ``graph_fn`` (default
+    ``build_graph``, same arguments) builds each (microbatch, width) graph: ``place --tp-from shard``
+    gives one that slices by a sharding plan instead of the role tables."""
     from ...workloads.models import build_graph, preset
 
     widths = tuple(tmp_widths or preset(model).tmp_widths)
@@ -170,7 +172,7 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
             if t > num_devices:
                 continue
             t0 = time.perf_counter()
-            g = build_graph(model, seq=seq, mbs=mbs, tmp=t, capture_blocks=capture_blocks)
+            g = (graph_fn or build_graph)(model, seq=seq, mbs=mbs, tmp=t, capture_blocks=capture_blocks)
             t1 = time.perf_counter()
             est = estimate_graph(g, acc, link_bw=link_bw)
             timing["graph_s"] += t1 - t0
