@@ -145,8 +145,9 @@ class PlaceResult(Result):
 def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
           cancel: threading.Event | None = None) -> PlaceResult:
     """Best training placement (data, pipeline, tensor parallel) of a model on ``req.accelerators``
-    copies of one accelerator. Stages: ``layers`` once per (microbatch, TMP width) case (graph,
-    estimates and layer schedules), ``dp``, ``done``."""
+    copies of one accelerator. Stages: ``shard`` (``tp_from`` "shard" only: the ILP sharding per TP
+    width), ``layers`` once per (microbatch, TMP width) case (graph, estimates and layer schedules),
+    ``dp``, ``done``."""
     from ..algorithms.solvers.throughput import (
         ThroughputResult,
         expert_sweep,
