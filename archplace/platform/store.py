@@ -221,6 +221,8 @@ class ResultStore:
     """The rows of one search directory: kept in memory, logged on every ``add()``, flushed to part
     files in batches and compacted into ``evaluations.parquet`` by ``compact()`` / ``close()``."""
 
+    schema, column_defaults = SCHEMA, _COLUMN_DEFAULTS  # a co-design target's store has its own
+
     def __init__(self, out_dir: str | Path, *, flush_rows: int = 512, flush_interval_s: float = 10.0,
                  best_interval_s: float = 2.0, compact_parts: int = 64) -> None:
         if flush_rows < 1:
@@ -323,7 +325,7 @@ class ResultStore:
 
     def table(self) -> pa.Table:
         """All current rows (one per architecture × model), sorted by (order, model)."""
-        return pa.Table.from_pylist(self.rows, schema=SCHEMA)
+        return pa.Table.from_pylist(self.rows, schema=self.schema)
 
     def finished(self) -> dict[str, dict[str, Any]]:
         """arch_key -> {"space_index", "rows", "failed", "value" (average throughput, 0 for failed)}.
@@ -358,7 +360,7 @@ class ResultStore:
             """One file's rows: each architecture's row set replaces the one read before."""
             groups: dict[str, list[dict[str, Any]]] = {}
             for r in rows:
-                full = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+                full = {name: r.get(name, d) for name, d in self.column_defaults.items()}
                 groups.setdefault(full["arch_key"], []).append(full)
             for key, rs in groups.items():
                 self._order.setdefault(key, int(rs[0]["order"]))
@@ -426,7 +428,7 @@ class ResultStore:
                     continue
                 tag = str(r.pop(_WAL_ADD, f"line-{i}"))
                 sizes[tag] = int(r.pop(_WAL_N, 1))
-                row = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+                row = {name: r.get(name, d) for name, d in self.column_defaults.items()}
                 calls.setdefault(tag, []).append(row)
         return [rows for tag, rows in calls.items() if len(rows) == sizes[tag]]
 
@@ -479,7 +481,7 @@ class ResultStore:
             self._next_order += 1
         full_rows = []
         for r in rows:
-            full = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+            full = {name: r.get(name, d) for name, d in self.column_defaults.items()}
             full["order"], full["searcher"] = order, r.get("searcher", searcher)
             full_rows.append(full)
         full_rows = _by_model(full_rows)
@@ -529,7 +531,7 @@ class ResultStore:
                 self._rewrite_wal()
                 self._wal_stale = False
             return
-        table = pa.Table.from_pylist([r for rs in self._pending.values() for r in rs], schema=SCHEMA)
+        table = pa.Table.from_pylist([r for rs in self._pending.values() for r in rs], schema=self.schema)
         self.dataset_dir.mkdir(parents=True, exist_ok=True)
         if self._next_part is None:
             parts = self._parts()
@@ -549,8 +551,7 @@ class ResultStore:
         self._pending.clear()
         self._pending_rows = 0
 
-    def parts_on_disk(self) -> int:
-        """Part files in ``evaluations/`` (a listing: for a resume's start, not per trial)."""
+    def parts_on_disk(self) -> int:  # part files in evaluations/ (a listing: a resume's start, not per trial)
         return len(self._parts())
 
     def discard_if_empty(self) -> None:

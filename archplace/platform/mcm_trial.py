@@ -1,0 +1,352 @@
+"""One MCM co-design trial (``archplace search --target mcm``): a package of identical chiplets from the
+hardware space, every model partitioned on it by the chosen placer, the partitions evaluated by the MCM
+simulator, the package priced by the chiplet cost model.
+
+**Hardware point** (:class:`MCMDesign`, from ``tune_configs/mcm_codesign.yaml``): chiplets, PE array side
+and clock, SRAM, die-to-die link bandwidth and energy, ring or 2-D mesh. The chiplet is the MCM preset's
+(``hardware/presets.py`` ``MCM_CHIPLET``: one tensor core of ``pe × pe`` int8 MACs, SRAM as its only
+memory, its SRAM bandwidth ``pe`` bytes per cycle, which is the preset's 64 B/cycle at ``pe`` 64) with
+those fields changed. Op times come from the analytical estimator on that chiplet
+(``MCMProblem.from_graph``).
+
+**Topology.** The MCM partition model (paper Eqs. 2-4, ``simulators/mcm.py``) pipelines a model over a
+chain of chips, each sending only to the next. A ring runs that chain on its own links. A 2-D mesh runs
+it along a snake (boustrophedon) path through the grid, whose every hop is one mesh link, so the
+partition model and its throughput are the ring's at the same link bandwidth; the mesh's other links
+are unused by this model, and the mesh chiplet pays for 4 D2D ports instead of 2 (``chiplet_cost``).
+Under this simulator a mesh therefore never beats a ring of the same chiplet; it is in the space so a
+mesh-aware simulator can slot in, and the report says what the search found.
+
+**Placers** (deterministic budgets: sub-solve counts and CP-SAT deterministic time, one CP-SAT worker,
+seeded; the wall clock, ``safety_s``, is only an outer safety limit, and a row records when it stopped a
+run):
+
+* ``greedy``: the compiler heuristic with repair (``mcm_baselines.greedy``);
+* ``greedy+lns``: greedy, then ``subsolves`` CP-SAT neighbourhood re-solves (``mcm_lns.lns``) of
+  ``det_time`` deterministic units each;
+* ``cpsat``: greedy, then one CP-SAT solve of the whole problem (the LNS model with every node free,
+  hinted with greedy) of ``subsolves × det_time`` deterministic units: the same CP-SAT work as greedy+lns;
+* ``ppo-pretrained``: greedy, then ``subsolves`` sub-solves whose neighbourhoods the pre-trained learned-LNS
+  policy (``mcm_lns_hint``, weights ``bench/results/mcm_large_policy.npz`` from ``bench/mcm_large.py``)
+  picks, zero-shot; with ``finetune_subsolves`` > 0 the policy is first fine-tuned by PPO on this problem
+  for that many sub-solves (needs Ray);
+* ``ppo-lns``: the same search with a policy trained from scratch on this problem for ``subsolves``
+  sub-solves first (needs Ray).
+
+The greedy partition is always a candidate: a placer whose answer is invalid or slower falls back to it
+(the row's ``fallback`` says so). Every returned partition passes ``simulators.mcm.check``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..hardware.chiplet_cost import TOPOLOGY_PORTS, CostParams, package_cost
+
+PLACERS = ("greedy", "greedy+lns", "cpsat", "ppo-pretrained", "ppo-lns")
+AXES = ("num_chiplets", "pe", "clock_mhz", "sram_mb", "link_gbs", "link_pj_per_bit", "topology")
+DEFAULT_SPACE = "mcm_codesign.yaml"
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "bench" / "results" / "mcm_large_policy.npz"
+
+
+# ---------------------------------------------------------------------- the space
+def load_space(spec: str | dict | None = None) -> dict[str, Any]:
+    """The MCM hardware space: the packaged ``mcm_codesign.yaml`` (None), a YAML path, or its content.
+    Checks every axis (one-line errors naming it) and the cost constants."""
+    import yaml
+
+    if isinstance(spec, dict):
+        cfg, where = spec, "mcm space"
+    else:
+        if spec is None:
+            text, where = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text(), \
+                DEFAULT_SPACE
+        else:
+            p = Path(spec)
+            if not p.exists():
+                raise ValueError(f"--space {str(p)!r} does not exist")
+            text, where = p.read_text(), str(p)
+        cfg = yaml.safe_load(text)
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("axes"), dict):
+        raise ValueError(f"{where}: field 'axes' is missing (a mapping of {list(AXES)} to value lists)")
+    axes = cfg["axes"]
+    unknown = sorted(set(axes) - set(AXES))
+    if unknown:
+        raise ValueError(f"{where}: unknown axis {unknown}; allowed: {list(AXES)}")
+    out: dict[str, list] = {}
+    for a in AXES:
+        v = axes.get(a)
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"{where}: axes.{a} must be a non-empty list, got {v!r}")
+        if len(set(map(str, v))) != len(v):
+            raise ValueError(f"{where}: axes.{a} lists a value twice: {v}")
+        for x in v:
+            _check_value(a, x, where)
+        out[a] = list(v)
+    cost = CostParams.from_dict(cfg.get("cost") or {})
+    return {"axes": out, "cost": cost.to_dict()}
+
+
+def _check_value(axis: str, x: Any, where: str) -> None:
+    if axis == "topology":
+        if x not in TOPOLOGY_PORTS:
+            raise ValueError(f"{where}: axes.topology value {x!r} unknown; allowed: {sorted(TOPOLOGY_PORTS)}")
+        return
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{where}: axes.{axis} value {x!r} must be a positive number")
+    if axis == "num_chiplets" and not (isinstance(x, int) and 1 <= x <= 64):
+        raise ValueError(f"{where}: axes.num_chiplets value {x!r} must be an integer in [1, 64] "
+                         "(the MCM simulator's limit)")
+    if axis == "pe" and not (isinstance(x, int) and x & (x - 1) == 0):
+        raise ValueError(f"{where}: axes.pe value {x!r} must be a power of two (the accelerator template)")
+
+
+def space_size(space: dict[str, Any]) -> int:
+    return int(np.prod([len(space["axes"][a]) for a in AXES]))
+
+
+def point(space: dict[str, Any], index: int) -> dict[str, Any]:
+    """The ``index``-th hardware point: the axes' product in the order of :data:`AXES` (the last axis
+    fastest), as a config dict."""
+    sizes = [len(space["axes"][a]) for a in AXES]
+    if not 0 <= index < int(np.prod(sizes)):
+        raise ValueError(f"hardware point {index} outside the space of {int(np.prod(sizes))}")
+    idx = np.unravel_index(index, sizes)
+    return {a: space["axes"][a][int(i)] for a, i in zip(AXES, idx)}
+
+
+def index_of(space: dict[str, Any], config: dict[str, Any]) -> int:
+    """The index of a config's point (its axis values must be in the space)."""
+    sizes = [len(space["axes"][a]) for a in AXES]
+    pos = []
+    for a in AXES:
+        vals = [str(v) for v in space["axes"][a]]
+        if str(config[a]) not in vals:
+            raise ValueError(f"{a} = {config[a]!r} is not in the space's {space['axes'][a]}")
+        pos.append(vals.index(str(config[a])))
+    return int(np.ravel_multi_index(pos, sizes))
+
+
+def all_points(space: dict[str, Any]) -> list[dict[str, Any]]:
+    return [dict(zip(AXES, v)) for v in itertools.product(*(space["axes"][a] for a in AXES))]
+
+
+# ---------------------------------------------------------------------- one design
+@dataclass(frozen=True)
+class MCMDesign:
+    num_chiplets: int
+    pe: int
+    clock_mhz: float
+    sram_mb: float
+    link_gbs: float
+    link_pj_per_bit: float
+    topology: str
+
+    @classmethod
+    def from_config(cls, c: dict[str, Any]) -> MCMDesign:
+        return cls(int(c["num_chiplets"]), int(c["pe"]), float(c["clock_mhz"]), float(c["sram_mb"]),
+                   float(c["link_gbs"]), float(c["link_pj_per_bit"]), str(c["topology"]))
+
+    def key(self) -> str:
+        return (f"mcm{self.num_chiplets}-pe{self.pe}-{self.clock_mhz:g}MHz-{self.sram_mb:g}MB-"
+                f"{self.link_gbs:g}GBs-{self.link_pj_per_bit:g}pJ-{self.topology}")
+
+    def label(self) -> str:
+        return (f"{self.num_chiplets}×[{self.pe}² @{self.clock_mhz:g} MHz, {self.sram_mb:g} MB] "
+                f"{self.topology} {self.link_gbs:g} GB/s")
+
+    def chiplet(self):
+        from ..hardware.presets import MCM_CHIPLET
+
+        clock = self.clock_mhz * 1e6
+        return MCM_CHIPLET.with_(pe_x=self.pe, pe_y=self.pe, pe_vc=self.pe, glb_mb=self.sram_mb,
+                                 clock_hz=clock, hbm_bw=self.pe * clock, name="")
+
+    def package(self):
+        """The chain the partition model runs on (module doc: a mesh runs it along a snake path)."""
+        from ..hardware.presets import Cluster
+
+        return Cluster(self.key(), self.num_chiplets, self.chiplet(), self.link_gbs * 1e9, "uni-ring")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------- graphs
+def mcm_graph(model: str, seq: int | None = None):
+    """A model's forward graph for the MCM (int8, batch 1), as ``archplace partition`` builds it. A
+    dnn-partitioning ``.json`` carries profiled op times of one chip, which would not change with the
+    chiplet; co-design needs op times estimated per chiplet, so it is refused."""
+    if model.endswith(".json") and not model.startswith("hf:"):
+        raise ValueError(f"model {model!r}: a dnn-partitioning graph has profiled op times of one fixed "
+                         "chip; --target mcm needs a model preset, --hf-config or a graph .parquet")
+    if model.endswith(".parquet") and not model.startswith("hf:"):
+        from ..workloads import OpGraph
+
+        if not Path(model).exists():
+            raise ValueError(f"graph file {model!r} does not exist")
+        g = OpGraph.from_parquet(Path(model))
+        return g.forward() if g.nodes["is_backward"].any() else g
+    from ..workloads.models import build_graph
+
+    return build_graph(model, seq=seq, mbs=1, training=False, bytes_per_element=1)
+
+
+# ---------------------------------------------------------------------- placers
+@dataclass(frozen=True)
+class PlacerOptions:
+    placer: str = "greedy+lns"
+    subsolves: int = 16            # CP-SAT sub-solves (greedy+lns, ppo-*) or their work (cpsat)
+    det_time: float = 0.25         # CP-SAT deterministic units per sub-solve
+    safety_s: float = 600.0        # outer wall-clock safety limit per model
+    finetune_subsolves: int = 0    # ppo-pretrained: PPO fine-tune sub-solves first (0: zero-shot)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.placer not in PLACERS:
+            raise ValueError(f"--placer {self.placer!r} unknown; allowed: {list(PLACERS)}")
+        for name in ("subsolves", "finetune_subsolves", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "subsolves" else 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= "
+                                 f"{1 if name == 'subsolves' else 0}, got {v!r}")
+        for name in ("det_time", "safety_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {v!r}")
+
+
+def place(problem, opts: PlacerOptions, policy_state: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """(partition, details) for one problem: the placer's answer, or greedy's when that is better or the
+    placer's is invalid (module doc)."""
+    from ..algorithms.search.mcm_baselines import greedy
+    from ..simulators.mcm import evaluate
+
+    t0 = time.perf_counter()
+    g_part, g_tp = greedy(problem, seed=opts.seed, time_limit_s=opts.safety_s)
+    part, info = g_part, {"subsolves": 0, "det_time": 0.0, "stopped": "", "fallback": False}
+    if opts.placer == "greedy" or not g_tp > 0:
+        # an invalid greedy partition (the weights do not fit, or no repair) has nothing to improve from
+        info["stopped"] = "greedy" if g_tp > 0 else "greedy invalid"
+    elif opts.placer == "greedy+lns":
+        from ..algorithms.solvers.mcm_lns import lns
+
+        r = lns(problem, g_part, time_limit_s=opts.safety_s, seed=opts.seed, max_subsolves=opts.subsolves,
+                subsolve_det=opts.det_time)
+        part, info = r.partition, {**info, "subsolves": r.subsolves, "det_time": r.det_time, "stopped": r.stopped}
+    elif opts.placer == "cpsat":
+        from ..algorithms.solvers.mcm_lns import full, solve_neighbourhood
+
+        sub = solve_neighbourhood(problem, g_part, full(problem, g_part), time_limit_s=opts.safety_s,
+                                  seed=opts.seed, num_workers=1, det_time=opts.subsolves * opts.det_time)
+        info = {**info, "subsolves": 1, "det_time": sub.det_time, "stopped": sub.status}
+        if sub.partition is not None:
+            part = sub.partition
+    else:
+        part, extra = _learned(problem, g_part, opts, policy_state)
+        info.update(extra)
+    tp = float(evaluate(problem, part).throughput[0])
+    if part is not g_part and not tp >= g_tp:
+        part, info["fallback"] = g_part, True
+    info["placer_s"] = time.perf_counter() - t0
+    info["greedy_throughput"] = g_tp
+    return np.asarray(part, dtype=np.int64), info
+
+
+def _learned(problem, start: np.ndarray, opts: PlacerOptions, policy_state: dict | None):
+    from ..algorithms.rl.mcm_lns_hint import search
+
+    state, extra = policy_state, {}
+    if opts.placer == "ppo-lns" or opts.finetune_subsolves:
+        state = _train(problem, start, opts, None if opts.placer == "ppo-lns" else policy_state)
+        extra["trained_subsolves"] = opts.subsolves if opts.placer == "ppo-lns" else opts.finetune_subsolves
+    if state is None:
+        raise ValueError(f"--placer {opts.placer} needs the pre-trained policy's weights")
+    from ..algorithms.rl.mcm_lns_ppo import PolicyChooser
+
+    r = search(problem, start, PolicyChooser(state), opts.subsolves, seed=opts.seed, det_time=opts.det_time,
+               safety_s=opts.safety_s)
+    stopped = "subsolves" if r.subsolves >= opts.subsolves else "time"
+    return r.partition, {**extra, "subsolves": int(r.subsolves), "det_time": float(r.det_time), "stopped": stopped}
+
+
+def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -> dict:
+    """PPO on this one problem from ``start`` (``init`` weights, or from scratch), ``subsolves`` (ppo-lns)
+    or ``finetune_subsolves`` sub-solves; returns the final weights. Needs a running Ray (RLlib)."""
+    import torch
+
+    from ..algorithms.rl.mcm_lns_ppo import _train_until, hint_ppo_config
+    from ..algorithms.rl.mcm_ppo import load_module_state, module_state
+
+    n = opts.subsolves if init is None else opts.finetune_subsolves
+    torch.manual_seed(opts.seed)
+    algo = hint_ppo_config([problem], starts=[start], seed=opts.seed, det_time=opts.det_time).build_algo()
+    try:
+        if init is not None:
+            load_module_state(algo, init)
+        _train_until(algo, n, None, "codesign", 3, time.perf_counter())
+        return module_state(algo)
+    finally:
+        algo.stop()
+
+
+def load_policy(path: str | Path | None = None) -> dict:
+    """The pre-trained learned-LNS weights (``bench/mcm_large.py train``); read by the driver and shipped
+    to the trials, so no worker node needs the file."""
+    from ..algorithms.rl.mcm_ppo import load_state
+
+    p = Path(path) if path else DEFAULT_POLICY
+    if not p.exists():
+        raise ValueError(f"--policy {str(p)!r} does not exist (bench/mcm_large.py train writes "
+                         "bench/results/mcm_large_policy.npz)")
+    return load_state(p)[0]
+
+
+# ---------------------------------------------------------------------- one trial
+def evaluate_design(design: MCMDesign, graphs: dict[str, Any], opts: PlacerOptions,
+                    cost: CostParams | None = None, policy_state: dict | None = None) -> list[dict[str, Any]]:
+    """One row per model: the partition (chip per op, JSON), its throughput (samples/s), the package's
+    cost and area, the D2D energy per sample, and how the placer ran. A model with no valid partition
+    (the greedy one too) gets ``status`` "infeasible", throughput 0 and the simulator's reason."""
+    from ..simulators.mcm import MCMProblem, check, evaluate
+
+    cost = cost or CostParams()
+    pc = package_cost(design.num_chiplets, design.pe, design.sram_mb, design.link_gbs, design.topology, cost)
+    acc = design.chiplet()
+    common = {"arch_key": design.key(), "arch_label": design.label(), **design.to_dict(),
+              "chiplet_area_mm2": pc.chiplet_area_mm2, "phy_area_mm2": pc.phy_area_mm2,
+              "silicon_area_mm2": pc.silicon_area_mm2, "die_yield": pc.die_yield, "kgd_usd": pc.kgd_usd,
+              "package_yield": pc.package_yield, "package_usd": pc.package_usd,
+              "peak_tops": 2 * acc.peak_macs_per_s * design.num_chiplets / 1e12, "placer": opts.placer,
+              "is_reference": False}
+    rows = []
+    for m, g in graphs.items():
+        t0 = time.perf_counter()
+        problem = MCMProblem.from_graph(g, design.package())
+        part, info = place(problem, opts, policy_state)
+        ev = evaluate(problem, part)
+        why = check(problem, part)
+        tp = float(ev.throughput[0]) if not why else 0.0
+        lat = ev.latency_s[0]
+        compute = np.bincount(part, weights=problem.time_s, minlength=problem.num_chips)
+        link_bytes = float(np.clip(lat - compute, 0, None).sum() * problem.link_bw_bytes_per_s)
+        rows.append({**common, "model": m, "status": "ok" if not why else "infeasible",
+                     "error": "; ".join(why[:3]), "throughput": tp,
+                     "throughput_per_kusd": tp / pc.package_usd * 1e3,
+                     "max_latency_s": float(lat.max()), "chips_used": int(part.max()) + 1,
+                     "nodes": problem.num_nodes, "link_bytes": link_bytes,
+                     "d2d_energy_per_sample_j": link_bytes * 8 * design.link_pj_per_bit * 1e-12,
+                     "greedy_throughput": info["greedy_throughput"], "subsolves": int(info["subsolves"]),
+                     "det_time": float(info["det_time"]), "stopped": str(info["stopped"]),
+                     "fallback": bool(info["fallback"]), "placer_s": info["placer_s"],
+                     "total_s": time.perf_counter() - t0, "partition_json": json.dumps(part.tolist())})
+    return rows
