@@ -154,7 +154,8 @@ def evaluate_point(target: str, config: dict[str, Any], space: dict[str, Any], g
         it = float(flat.get(f"{m}/iteration_time_s", flat.get("iteration_time_s", math.nan)))
         fit = bool(flat.get(f"{m}/memory_fit", flat.get("memory_fit", False)))
         tp = 1.0 / it if fit and it > 0 else 0.0
-        rows.append({"arch_key": key, "arch_label": key, "model": m, "status": "ok" if tp > 0 else "infeasible",
+        rows.append({"arch_key": key, "arch_label": key, "model": m,
+                     "status": "ok" if tp > 0 else "infeasible",
                      "error": "" if tp > 0 else "does not fit in memory or no plan",
                      "throughput": tp, "cost_usd": price, "throughput_per_kusd": tp / price * 1e3,
                      "iteration_time_s": it, "memory_fit": fit, "price_per_hour_usd": price,
@@ -360,7 +361,8 @@ def _optuna_searcher(searcher: str, space: dict[str, Any], seed: int, done: list
         s = OptunaSearch(space=dists, metric=["throughput_avg", "cost_usd"], mode=["max", "min"],
                          sampler=optuna.samplers.NSGAIISampler(seed=seed))
     else:
-        s = OptunaSearch(space=dists, metric=OBJECTIVE, mode="max", sampler=optuna.samplers.TPESampler(seed=seed))
+        s = OptunaSearch(space=dists, metric=OBJECTIVE, mode="max",
+                         sampler=optuna.samplers.TPESampler(seed=seed))
     for d in done:
         params = {a: str(d["point"][a]) for a in names}
         state = optuna.trial.TrialState.FAIL if d["failed"] else optuna.trial.TrialState.COMPLETE
@@ -380,7 +382,8 @@ def _params_to_index(space: dict[str, Any], config: dict[str, Any]) -> int:
 
 # ---------------------------------------------------------------------- the driver
 def run_codesign(target: str, models: tuple[str, ...], out_dir: str | Path, *, searcher: str = "random",
-                 budget: int = 16, address: str | None = None, resume: bool = False, workers: int | None = None,
+                 budget: int = 16, address: str | None = None, resume: bool = False,
+                 workers: int | None = None,
                  seed: int = 0, space: str | dict | None = None, opts: dict[str, Any] | None = None,
                  seq: int | None = None, policy: str | None = None, max_failures: int = 0,
                  progress: bool = True, report: bool = True,
@@ -505,7 +508,8 @@ def _run(target, models, store, searcher, budget, address, resume, workers, seed
             told = [{**d, "point": points[d["space_index"]]} for d in designs]
             alg = _optuna_searcher(searcher, content, seed, told)
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        alg = tune.search.ConcurrencyLimiter(alg, max_concurrent=max(1, min(workers or cpus, cpus, len(todo))))
+        limit = max(1, min(workers or cpus, cpus, len(todo)))
+        alg = tune.search.ConcurrencyLimiter(alg, max_concurrent=limit)
         prog = _Progress(len(todo)) if progress else None
         sink = _Sink(store, meta, prog, on_evaluated, target, points, searcher)
         stop_when = _Either(cancel, interrupted)
@@ -564,7 +568,8 @@ class _Sink:
             self.progress.update(tp)
         if self.hook is not None:
             self.hook({"space_index": rows[0]["space_index"], "arch_key": rows[0]["arch_key"],
-                       "arch_label": rows[0]["arch_label"], "throughput_avg": tp, "cost_usd": rows[0]["cost_usd"],
+                       "arch_label": rows[0]["arch_label"], "throughput_avg": tp,
+                       "cost_usd": rows[0]["cost_usd"],
                        "status": "ok" if all(r["status"] == "ok" for r in rows) else "infeasible"})
 
     def error(self, trial) -> None:
@@ -575,7 +580,8 @@ class _Sink:
         index = int(cfg["index"]) if "index" in cfg else _index({"axes": _axes(self.points)}, cfg)
         key, label = point_key(self.target, self.points[index])
         lines = _error_text(trial).strip().splitlines()
-        msg = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "evaluation failed")
+        last = lines[-1] if lines else "evaluation failed"
+        msg = next((ln for ln in reversed(lines) if "rror" in ln), last)
         rows = [{"arch_key": key, "arch_label": label, "space_index": index, "model": m, "status": "failed",
                  "error": msg.strip()[:500], "throughput": 0.0, "cost_usd": math.nan,
                  "trial_id": trial.trial_id, "finished_at": time.time()} for m in self.meta["models"]]

@@ -104,20 +104,24 @@ def write_report(out_dir: str | Path) -> Path:
                   f"at {_f(c['cost_usd'])} USD ({_f(c[OBJECTIVE], 1)} per k$).", "",
                   "| field | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in c["hardware"].items()]
-        for k in ("chiplet_area_mm2", "silicon_area_mm2", "die_yield", "kgd_usd", "package_yield", "peak_tops"):
+        for k in ("chiplet_area_mm2", "silicon_area_mm2", "die_yield", "kgd_usd", "package_yield",
+                  "peak_tops"):
             if k in c:
                 lines.append(f"| {k} | {_f(c[k], 3)} |")
         lines += ["", "| model | throughput | status | details |", "|---|---:|---|---|"]
         for m, p in c["per_model"].items():
-            det = (f"{p['chips_used']} chips used, placer {p['placer']}, {p['subsolves']} sub-solves"
-                   + (", fell back to greedy" if p.get("fallback") else "")) if "chips_used" in p else \
-                f"iteration {_f(p.get('iteration_time_s'), 4)} s, {_f(p.get('cost_per_step_usd'), 4)} USD/step"
+            if "chips_used" in p:
+                det = (f"{p['chips_used']} chips used, placer {p['placer']}, {p['subsolves']} sub-solves"
+                       + (", fell back to greedy" if p.get("fallback") else ""))
+            else:
+                det = (f"iteration {_f(p.get('iteration_time_s'), 4)} s, "
+                       f"{_f(p.get('cost_per_step_usd'), 4)} USD/step")
             lines.append(f"| {m} | {_f(p['throughput'], 1)} | {p['status']} | {det} |")
         lines.append("")
     lines += ["## Pareto front (throughput vs cost)", "", f"![Pareto](plots/{plot.name})", "",
               f"| design | {cost} | average throughput ({unit}) | per k$ |", "|---|---:|---:|---:|"]
-    lines += [f"| {p['arch_label']} | {_f(p['cost_usd'])} | {_f(p['throughput_avg'], 1)} | {_f(p[OBJECTIVE], 1)} |"
-              for p in best.get("pareto", [])]
+    lines += [f"| {p['arch_label']} | {_f(p['cost_usd'])} | {_f(p['throughput_avg'], 1)} | "
+              f"{_f(p[OBJECTIVE], 1)} |" for p in best.get("pareto", [])]
     if best.get("target") == "mcm":
         topo = {}
         for d in ds:

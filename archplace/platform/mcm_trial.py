@@ -225,7 +225,8 @@ class PlacerOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {v!r}")
 
 
-def place(problem, opts: PlacerOptions, policy_state: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+def place(problem, opts: PlacerOptions,
+          policy_state: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """(partition, details) for one problem: the placer's answer, or greedy's when that is better or the
     placer's is invalid (module doc)."""
     from ..algorithms.search.mcm_baselines import greedy
@@ -242,7 +243,8 @@ def place(problem, opts: PlacerOptions, policy_state: dict | None = None) -> tup
 
         r = lns(problem, g_part, time_limit_s=opts.safety_s, seed=opts.seed, max_subsolves=opts.subsolves,
                 subsolve_det=opts.det_time)
-        part, info = r.partition, {**info, "subsolves": r.subsolves, "det_time": r.det_time, "stopped": r.stopped}
+        part = r.partition
+        info = {**info, "subsolves": r.subsolves, "det_time": r.det_time, "stopped": r.stopped}
     elif opts.placer == "cpsat":
         from ..algorithms.solvers.mcm_lns import full, solve_neighbourhood
 
@@ -276,7 +278,8 @@ def _learned(problem, start: np.ndarray, opts: PlacerOptions, policy_state: dict
     r = search(problem, start, PolicyChooser(state), opts.subsolves, seed=opts.seed, det_time=opts.det_time,
                safety_s=opts.safety_s)
     stopped = "subsolves" if r.subsolves >= opts.subsolves else "time"
-    return r.partition, {**extra, "subsolves": int(r.subsolves), "det_time": float(r.det_time), "stopped": stopped}
+    return r.partition, {**extra, "subsolves": int(r.subsolves), "det_time": float(r.det_time),
+                         "stopped": stopped}
 
 
 def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -> dict:
