@@ -83,18 +83,16 @@ class Target:
 
 TARGET_INFO = {
     "mcm": Target("mcm", MCM_COLUMNS, "package cost (USD)", "samples/s"),
-    "gpu-cluster": Target("gpu-cluster", GPU_COLUMNS, "price per hour (USD)", "training steps/s"),
+    "gpu-cluster": Target("gpu-cluster", GPU_COLUMNS, "price per hour (USD)", "training samples/s"),
 }
 
 
 def _gpu():
-    """The GPU-cluster target's core modules (another helper's branch; imported lazily)."""
-    try:
-        from ..hardware import cluster_prices, gpu_cluster_space
-        from . import gpu_cluster_trial
-    except ImportError as e:
-        raise ValueError(f"--target gpu-cluster: its modules are not in this build ({e}); "
-                         "allowed targets here: accelerator, mcm") from None
+    """The GPU-cluster target's core modules (``hardware/gpu_cluster_space.py``, ``cluster_prices.py``,
+    ``platform/gpu_cluster_trial.py``), imported when that target is used."""
+    from ..hardware import cluster_prices, gpu_cluster_space
+    from . import gpu_cluster_trial
+
     return gpu_cluster_space, cluster_prices, gpu_cluster_trial
 
 
@@ -105,11 +103,20 @@ def load_space(target: str, spec: str | dict | None) -> dict[str, Any]:
         from .mcm_trial import load_space as mcm_space
 
         return mcm_space(spec)
-    space, _, _ = _gpu()
-    loaded = space.load_space(spec)
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("axes"), dict):
-        raise ValueError("--target gpu-cluster: its space has no 'axes' mapping")
-    return json.loads(json.dumps(loaded))
+    space_mod, _, _ = _gpu()
+    if isinstance(spec, dict):   # content (the API, a resume): checked by the module's own loader
+        import tempfile
+
+        import yaml
+
+        content = {"cluster": spec.get("cluster", spec.get("axes")), "training": spec.get("training") or {}}
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "space.yaml"
+            path.write_text(yaml.safe_dump(content))
+            loaded = space_mod.load_space(str(path))
+    else:
+        loaded = space_mod.load_space(spec)
+    return json.loads(json.dumps({"axes": loaded["cluster"], "training": loaded["training"]}))
 
 
 def axes_of(space: dict[str, Any]) -> dict[str, list]:
@@ -143,26 +150,28 @@ def evaluate_point(target: str, config: dict[str, Any], space: dict[str, Any], g
             r["cost_usd"] = r["package_usd"]
             r["hardware_json"] = json.dumps(design.to_dict())
         return rows
-    space_mod, prices, trial = _gpu()
+    space_mod, _, trial = _gpu()
     shape = space_mod.shape_from_config(config)
-    models = list(graphs)
-    flat = trial.evaluate_cluster(shape, models, **opts)
-    price = float(flat.get("price_per_hour_usd", prices.price_per_hour_usd(shape)))
-    key = "gpu-" + "-".join(f"{k}{config[k]}" for k in config)
+    flat = trial.evaluate_cluster(shape, list(graphs), **(space.get("training") or {}))
+    price = float(flat["price_per_hour_usd"])
     rows = []
-    for m in models:
-        it = float(flat.get(f"{m}/iteration_time_s", flat.get("iteration_time_s", math.nan)))
-        fit = bool(flat.get(f"{m}/memory_fit", flat.get("memory_fit", False)))
-        tp = 1.0 / it if fit and it > 0 else 0.0
-        rows.append({"arch_key": key, "arch_label": key, "model": m,
+    for m in graphs:
+        fit = bool(flat[f"{m}.memory_fit"])
+        tp = float(flat[f"{m}.throughput_samples_per_s"] or 0.0) if fit else 0.0
+        plan = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(f"{m}.")}
+        rows.append({"arch_key": shape.name, "arch_label": shape.name, "model": m,
                      "status": "ok" if tp > 0 else "infeasible",
-                     "error": "" if tp > 0 else "does not fit in memory or no plan",
+                     "error": flat.get(f"{m}.memory_reason") or "",
                      "throughput": tp, "cost_usd": price, "throughput_per_kusd": tp / price * 1e3,
-                     "iteration_time_s": it, "memory_fit": fit, "price_per_hour_usd": price,
-                     "cost_per_step_usd": float(flat.get(f"{m}/cost_per_step_usd", math.nan)),
-                     "plan_json": json.dumps(flat.get(f"{m}/plan", flat.get("plan")), default=str),
-                     "hardware_json": json.dumps(config), "is_reference": False})
+                     "iteration_time_s": _nan(flat[f"{m}.iteration_time_s"]), "memory_fit": fit,
+                     "price_per_hour_usd": price, "cost_per_step_usd": _nan(flat[f"{m}.cost_per_step_usd"]),
+                     "plan_json": json.dumps(plan, default=str), "hardware_json": json.dumps(shape.to_dict()),
+                     "is_reference": False})
     return rows
+
+
+def _nan(v: Any) -> float:
+    return math.nan if v is None else float(v)
 
 
 def codesign_trainable(config: dict[str, Any], target: str, space: dict[str, Any], graphs: dict,
@@ -407,6 +416,12 @@ def run_codesign(target: str, models: tuple[str, ...], out_dir: str | Path, *, s
         raise ValueError(f"models: {list(models)} lists a model twice")
     opts = dict(opts or {})
     content = load_space(target, space)
+    if target == "gpu-cluster":
+        from ..workloads.models import preset
+
+        for m in models:
+            preset(m)   # "unknown model ..." before Ray starts
+        opts = {}
     if target == "mcm":
         from .mcm_trial import PlacerOptions
 
@@ -439,8 +454,8 @@ def point_key(target: str, point: dict[str, Any]) -> tuple[str, str]:
 
         d = MCMDesign.from_config(point)
         return d.key(), d.label()
-    key = "gpu-" + "-".join(f"{k}{point[k]}" for k in point)
-    return key, key
+    name = _gpu()[0].shape_from_config(point).name
+    return name, name
 
 
 def _run(target, models, store, searcher, budget, address, resume, workers, seed, content, opts, seq, policy,
