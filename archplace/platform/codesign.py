@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .codesign_report import OBJECTIVE, pareto_mask, write_report
 from .store import ResultStore
 
 TARGETS = ("accelerator", "mcm", "gpu-cluster")
 SEARCHERS = ("random", "grid", "optuna", "pareto")
-OBJECTIVE = "throughput_per_kusd"
 FAULT_ENV = "ARCHPLACE_FAULT_INJECT"
 
 _BASE = [("order", pa.int64()), ("trial_id", pa.string()), ("searcher", pa.string()),
@@ -221,13 +221,6 @@ def _index(space: dict[str, Any], config: dict[str, Any]) -> int:
 
 
 # ---------------------------------------------------------------------- the store and best.json
-def pareto_mask(throughput: np.ndarray, cost: np.ndarray) -> np.ndarray:
-    """Designs no other design beats on both (throughput >=, cost <=, one strictly)."""
-    from .report import pareto_front
-
-    return pareto_front(cost, throughput)
-
-
 class CodesignStore(ResultStore):
     """The result store with a co-design target's columns, and its ``best()`` (module doc)."""
 
@@ -558,8 +551,6 @@ def _run(target, models, store, searcher, budget, address, resume, workers, seed
         best = store.close(meta)
     stats["wall_s"] = time.perf_counter() - t0
     if report and len(store):
-        from .codesign_report import write_report
-
         write_report(out)
     return {**best, "out_dir": str(out), "stats": stats}
 
