@@ -256,3 +256,55 @@ def test_resume_after_a_killed_driver(ray_session, tmp_path):
     with pytest.raises(ValueError, match="different settings"):
         api.search(api.SearchRequest(models=(GPT2,), target="mcm", out_dir=str(out), space=str(space),
                                      searcher="grid", budget=3, placer="cpsat", resume=True))
+
+
+# ---------------------------------------------------------------------- a target: mcm study (the service)
+def test_mcm_study_through_the_service(tmp_path):
+    """Two replicas over one database: a ``target: mcm`` grid study hands out the 4 packages of its space
+    once each; the client partitions bert-base on each (the MCM trial) and reports (throughput, cost);
+    the study's Pareto front is the brute-force one, and no mesh package is on it (same chain as the
+    ring, dearer)."""
+    from service_core_util import ask, replicas
+
+    from archplace.service.schemas import CompleteRequest, StudyCreate
+
+    a, b = replicas(tmp_path / "studies.sqlite", n=2)
+    space = _space(num_chiplets=[8, 16], sram_mb=[64], topology=["ring", "mesh"])
+    req = StudyCreate(name="pkg", models=["bert-base"], target="mcm", searcher="grid", space=space,
+                      objectives=[{"name": "throughput"}, {"name": "cost_usd", "goal": "minimize"}])
+    study, created = a.create("alice", req)
+    assert created and study.space_size == 4 and study.config["target"] == "mcm"
+    got = ask(b, "alice", "pkg", count=2, client_id="w1").trials + ask(a, "alice", "pkg", count=2,
+                                                                        client_id="w2").trials
+    assert sorted(t.arch_index for t in got) == [0, 1, 2, 3]
+    assert ask(a, "alice", "pkg", count=1, client_id="w3").done
+    graph = {"bert-base": mcm_graph("bert-base")}
+    values = {}
+    for t in got:
+        design = MCMDesign.from_config(t.params)
+        assert t.params["label"] == design.label()
+        row = evaluate_design(design, graph, PlacerOptions(placer="greedy"))[0]
+        assert row["package_usd"] == pytest.approx(t.params["package_usd"], rel=1e-12)
+        values[t.number] = {"throughput": row["throughput"], "cost_usd": row["package_usd"]}
+        (a if t.number % 2 else b).complete("alice", "pkg", t.number,
+                                            CompleteRequest(values=values[t.number]))
+    front = {n for n, v in values.items()
+             if not any(w["throughput"] >= v["throughput"] and w["cost_usd"] <= v["cost_usd"] and w != v
+                        for w in values.values())}
+    pareto = a.pareto("alice", "pkg")
+    assert {t.number for t in pareto.trials} == front
+    assert all(t.params["topology"] == "ring" for t in pareto.trials)
+    # Optuna (TPE over the axes as categories) on the same space: 4 distinct packages, then done
+    by_index = {t.arch_index: values[t.number]["throughput"] for t in got}
+    a.create("alice", StudyCreate(name="tpe", models=["bert-base"], target="mcm", searcher="optuna",
+                                  space=space, seed=3))
+    tpe = [ask(b, "alice", "tpe", client_id=f"c{i}").trials[0] for i in range(4)]
+    assert sorted(t.arch_index for t in tpe) == [0, 1, 2, 3]
+    for t in tpe:
+        b.complete("alice", "tpe", t.number, CompleteRequest(value=by_index[t.arch_index]))
+    assert a.best("alice", "tpe").value == max(by_index.values())
+    with pytest.raises(ValueError, match="target mcm: searcher must be random, grid or optuna"):
+        StudyCreate(name="x", models=["bert-base"], target="mcm", space=space)
+    with pytest.raises(ValueError, match="axes.topology value 'torus' unknown"):
+        StudyCreate(name="x", models=["bert-base"], target="mcm", searcher="grid",
+                    space=_space(topology=["torus"]))
