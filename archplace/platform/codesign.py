@@ -61,6 +61,7 @@ MCM_COLUMNS = [("num_chiplets", pa.int64()), ("pe", pa.int64()), ("clock_mhz", p
                ("nodes", pa.int64()), ("link_bytes", pa.float64()), ("d2d_energy_per_sample_j", pa.float64()),
                ("greedy_throughput", pa.float64()), ("subsolves", pa.int64()), ("det_time", pa.float64()),
                ("stopped", pa.string()), ("fallback", pa.bool_()), ("placer_s", pa.float64()),
+               ("trained_subsolves", pa.int64()),
                ("partition_json", pa.string())]
 GPU_COLUMNS = [("iteration_time_s", pa.float64()), ("cost_per_step_usd", pa.float64()),
                ("memory_fit", pa.bool_()), ("price_per_hour_usd", pa.float64()), ("plan_json", pa.string())]

@@ -29,7 +29,7 @@ run):
 * ``ppo-pretrained``: greedy, then ``subsolves`` sub-solves whose neighbourhoods the pre-trained learned-LNS
   policy (``mcm_lns_hint``, weights ``bench/results/mcm_large_policy.npz`` from ``bench/mcm_large.py``)
   picks, zero-shot; with ``finetune_subsolves`` > 0 the policy is first fine-tuned by PPO on this problem
-  for that many sub-solves (needs Ray);
+  for at least that many sub-solves (whole PPO batches of 64; needs Ray);
 * ``ppo-lns``: the same search with a policy trained from scratch on this problem for ``subsolves``
   sub-solves first (needs Ray).
 
@@ -269,8 +269,8 @@ def _learned(problem, start: np.ndarray, opts: PlacerOptions, policy_state: dict
 
     state, extra = policy_state, {}
     if opts.placer == "ppo-lns" or opts.finetune_subsolves:
-        state = _train(problem, start, opts, None if opts.placer == "ppo-lns" else policy_state)
-        extra["trained_subsolves"] = opts.subsolves if opts.placer == "ppo-lns" else opts.finetune_subsolves
+        state, extra["trained_subsolves"] = _train(problem, start, opts,
+                                                   None if opts.placer == "ppo-lns" else policy_state)
     if state is None:
         raise ValueError(f"--placer {opts.placer} needs the pre-trained policy's weights")
     from ..algorithms.rl.mcm_lns_ppo import PolicyChooser
@@ -282,9 +282,10 @@ def _learned(problem, start: np.ndarray, opts: PlacerOptions, policy_state: dict
                          "stopped": stopped}
 
 
-def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -> dict:
-    """PPO on this one problem from ``start`` (``init`` weights, or from scratch), ``subsolves`` (ppo-lns)
-    or ``finetune_subsolves`` sub-solves; returns the final weights. Needs a running Ray (RLlib)."""
+def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -> tuple[dict, int]:
+    """PPO on this one problem from ``start`` (``init`` weights, or from scratch) for at least
+    ``subsolves`` (ppo-lns) or ``finetune_subsolves`` sub-solves, in whole PPO batches (64 sub-solves,
+    ``HINT_PPO_DEFAULTS``); returns the final weights and the sub-solves trained. Needs Ray (RLlib)."""
     import torch
 
     from ..algorithms.rl.mcm_lns_ppo import _train_until, hint_ppo_config
@@ -296,8 +297,8 @@ def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -
     try:
         if init is not None:
             load_module_state(algo, init)
-        _train_until(algo, n, None, "codesign", 3, time.perf_counter())
-        return module_state(algo)
+        _, done = _train_until(algo, n, None, "codesign", 3, time.perf_counter())
+        return module_state(algo), int(done)
     finally:
         algo.stop()
 
@@ -351,5 +352,6 @@ def evaluate_design(design: MCMDesign, graphs: dict[str, Any], opts: PlacerOptio
                      "greedy_throughput": info["greedy_throughput"], "subsolves": int(info["subsolves"]),
                      "det_time": float(info["det_time"]), "stopped": str(info["stopped"]),
                      "fallback": bool(info["fallback"]), "placer_s": info["placer_s"],
+                     "trained_subsolves": int(info.get("trained_subsolves", 0)),
                      "total_s": time.perf_counter() - t0, "partition_json": json.dumps(part.tolist())})
     return rows
