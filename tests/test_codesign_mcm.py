@@ -308,3 +308,38 @@ def test_mcm_study_through_the_service(tmp_path):
     with pytest.raises(ValueError, match="axes.topology value 'torus' unknown"):
         StudyCreate(name="x", models=["bert-base"], target="mcm", searcher="grid",
                     space=_space(topology=["torus"]))
+
+
+# ---------------------------------------------------------------------- --address: a real two-node cluster
+@pytest.mark.slow   # a head and a worker started with `ray start` (about a minute)
+def test_address_on_a_two_node_cluster_gives_the_embedded_answer(ray_session, tmp_path):
+    """The same search through ``--address`` on a two-node cluster (token auth on) and on the test's
+    embedded Ray: the same packages, throughputs and partitions (deterministic placer budgets)."""
+    from cluster_util import ray_executable, two_node_cluster
+
+    if ray_executable() is None:
+        pytest.skip("the `ray` executable is not installed")
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps(_space(num_chiplets=[4, 8, 16])))
+    opts = ["--space", str(space), "--searcher", "grid", "--budget", "3", "--placer", "greedy+lns",
+            "--subsolves", "2", "--det-time", "0.1"]
+    with two_node_cluster(tmp_path / "cluster", head_cpus=2, worker_cpus=2) as c:
+        argv = [sys.executable, "-m", "archplace.cli", "search", "--target", "mcm", "--hf-config",
+                str(REPO / "tests/data/small_gpt2_config.json"), *opts, "--address", c.gcs_address,
+                "--out", str(tmp_path / "cluster-out"), "--json"]
+        env = {**c.env, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+    remote = json.loads(done.stdout)
+    local = api.search(api.SearchRequest(models=(GPT2,), target="mcm", out_dir=str(tmp_path / "local"),
+                                         space=str(space), searcher="grid", budget=3, placer="greedy+lns",
+                                         subsolves=2, det_time=0.1)).to_dict()
+    assert remote["evaluated"] == local["evaluated"] == 3
+    assert remote["common"]["per_model"] == local["common"]["per_model"]
+    assert remote["pareto"] == local["pareto"]
+
+    def table(d):
+        rows = pq.read_table(d / "evaluations.parquet").to_pylist()
+        return {r["arch_key"]: (r["throughput"], r["partition_json"], r["subsolves"]) for r in rows}
+
+    assert table(tmp_path / "cluster-out") == table(tmp_path / "local")
