@@ -5,6 +5,10 @@ best design, and does the pre-trained policy pay by amortisation?
                                  [--placers greedy+lns,cpsat,ppo-pretrained] [--sweep-s 3600]
                                  [--subsolves 16] [--det-time 0.25] [--workers N] [--address ADDR]
                                  [--out FILE.json]
+    python bench/codesign.py pretrain [--train-points 8] [--train-models bert-large,opt-350m]
+                                      [--subsolves 640]
+                                      [--points 200 --seeds 0,1,2 --models bert-base,t5-base]
+                                      [--policy FILE.npz]
     python bench/codesign.py gpu [--points 1000] [--models bert-48,t5-3b] [--seed 0] [--workers N]
                                  [--address ADDR] [--out FILE.json]
 
@@ -25,6 +29,14 @@ against the reference point (0 throughput, the space's dearest package × 1.1), 
 by the largest any run found. Per placer: those over seeds. The pre-trained policy "pays" when it reaches
 the best design, or a larger hypervolume, at equal time. Runs are kept (``--runs-dir``) and a finished run
 is not run again (same code version, settings).
+
+**pretrain** (item 3: "pre-train one MCM partition policy on a training set of hardware points and
+models; hold out some"): one learned-LNS policy trained by PPO (``train_hint_policy``, ``--subsolves``
+sub-solves in all, default 640) on ``--train-points`` packages that none of the sweep's seeds draws (so
+every sweep package is held out) and ``--train-models`` (default bert-large and opt-350m; the sweep's
+bert-base and t5-base are held out). ``mcm --placers ppo-pretrained --policy results/codesign_policy.npz``
+then sweeps with it. Without ``--policy`` the sweep uses ``bench/mcm_large.py``'s policy (synthetic graphs
+on mcm-36: everything in the sweep is held out from it).
 
 **gpu.** ``archplace search --target gpu-cluster`` (random, ``--points`` shapes) through the same platform
 path; the GPU-cluster sweep in plain Ray tasks is ``bench/codesign_gpu.py``.
@@ -109,7 +121,7 @@ def run_mcm(args) -> dict:
             done = out / "bench_run.json"
             settings = {"placer": placer, "seed": seed, "points": args.points, "models": args.models,
                         "sweep_s": args.sweep_s, "subsolves": args.subsolves, "det_time": args.det_time,
-                        "space": args.space, "code_version": version}
+                        "space": args.space, "policy": args.policy, "code_version": version}
             if done.exists() and json.loads(done.read_text()).get("settings") == settings:
                 runs[name] = json.loads(done.read_text())
                 print(f"{name}: kept", flush=True)
@@ -126,7 +138,8 @@ def run_mcm(args) -> dict:
                 res = api.search(api.SearchRequest(
                     models=tuple(args.models), target="mcm", out_dir=str(out), searcher="random",
                     budget=args.points, seed=seed, placer=placer, subsolves=args.subsolves,
-                    det_time=args.det_time, workers=args.workers, address=args.address, space=args.space),
+                    det_time=args.det_time, workers=args.workers, address=args.address, space=args.space,
+                    policy=args.policy if placer.startswith("ppo") else None),
                     cancel=cancel)
             finally:
                 timer.cancel()
@@ -189,6 +202,53 @@ def plot_mcm(path: Path, result: dict, seed: int) -> None:
     fig.savefig(path, dpi=110, format="png")
 
 
+def run_pretrain(args) -> dict:
+    """One learned-LNS policy (``mcm_lns_ppo.train_hint_policy``) on a training set of (package, model)
+    problems: packages drawn from the space outside every sweep seed's packages (held-out hardware),
+    models other than the sweep's (held-out models), each from its greedy partition; pairs whose greedy
+    partition is invalid (the weights do not fit) are left out. Writes the weights for ``--policy``."""
+    from archplace.algorithms.rl.mcm_lns_ppo import train_hint_policy
+    from archplace.algorithms.rl.mcm_ppo import save_state
+    from archplace.algorithms.search.mcm_baselines import greedy
+    from archplace.platform.codesign import point_order
+    from archplace.platform.mcm_trial import MCMDesign, all_points, load_space, mcm_graph
+    from archplace.platform.search import connect
+    from archplace.simulators.mcm import MCMProblem
+
+    space = load_space(args.space)
+    pts = all_points(space)
+    swept = {i for s in args.seeds for i in point_order("random", len(pts), args.points, s)}
+    rng = np.random.default_rng(100 + args.seed)
+    pool = [i for i in rng.permutation(len(pts)) if int(i) not in swept]
+    graphs = {m: mcm_graph(m) for m in args.train_models}
+    problems, names = [], []
+    for i in pool:
+        if len(problems) >= args.train_points * len(graphs):
+            break
+        d = MCMDesign.from_config(pts[int(i)])
+        for m, g in graphs.items():
+            p = MCMProblem.from_graph(g, d.package())
+            try:
+                ok = greedy(p, seed=args.seed, time_limit_s=600.0)[1] > 0
+            except RuntimeError:
+                ok = False
+            if ok:
+                problems.append(p)
+                names.append(f"{m}@{d.key()}")
+    if not problems:
+        raise SystemExit("pretrain: no (package, model) pair of the training set has a valid greedy "
+                         "partition")
+    connect(args.address)
+    t0 = time.time()
+    _, final, info = train_hint_policy(problems, args.subsolves, seed=args.seed, det_time=args.det_time)
+    out = Path(args.policy or RESULTS / "codesign_policy.npz")
+    save_state(out, final, problems=names, subsolves=info["subsolves"], seed=args.seed,
+               det_time=args.det_time, held_out_models=args.models, swept_seeds=args.seeds)
+    return {"policy": str(out), "problems": names, "wall_s": time.time() - t0,
+            **{k: v for k, v in info.items() if k != "episode_return_mean"},
+            "episode_return_mean": info["episode_return_mean"]}
+
+
 def run_gpu(args) -> dict:
     from archplace import api
 
@@ -204,7 +264,12 @@ def run_gpu(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("mcm", "gpu"))
+    ap.add_argument("what", choices=("mcm", "pretrain", "gpu"))
+    ap.add_argument("--policy", help="mcm: ppo-* weights (default bench/results/mcm_large_policy.npz); "
+                                     "pretrain: where to write them (default results/codesign_policy.npz)")
+    ap.add_argument("--train-points", type=int, default=8, help="pretrain: packages of the training set")
+    ap.add_argument("--train-models", default="bert-large,opt-350m",
+                    help="pretrain: models of the training set")
     ap.add_argument("--points", type=int)
     ap.add_argument("--models")
     ap.add_argument("--seeds", default="0,1,2")
@@ -220,12 +285,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     load = tuple(__import__("os").getloadavg())
-    if args.what == "mcm":
+    if args.what in ("mcm", "pretrain"):
         args.points = args.points or 200
         args.models = (args.models or "bert-base,t5-base").split(",")
         args.seeds = [int(s) for s in args.seeds.split(",")]
         args.placers = args.placers.split(",")
         args.runs_dir = args.runs_dir or str(RESULTS / "codesign_mcm_runs")
+        args.train_models = args.train_models.split(",")
+    if args.what == "pretrain":
+        args.subsolves = args.subsolves if args.subsolves != 16 else 640
+        out = Path(args.out or RESULTS / "codesign_pretrain.json")
+        result = run_pretrain(args)
+        print(f"trained on {len(result['problems'])} problems, {result['subsolves']} sub-solves, "
+              f"{result['wall_s']:.0f} s: {result['policy']}")
+    elif args.what == "mcm":
         out = Path(args.out or RESULTS / "codesign_mcm.json")
         result = run_mcm(args)
         plot_mcm(out.with_suffix(".png"), result, args.seeds[0])

@@ -26,6 +26,7 @@ its own Ray as the Phaze search does (``search.connect``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -378,11 +379,6 @@ def _optuna_searcher(searcher: str, space: dict[str, Any], seed: int, done: list
     return s
 
 
-def _params_to_index(space: dict[str, Any], config: dict[str, Any]) -> int:
-    """An Optuna config (string categories) to the point index."""
-    return _index(space, config)
-
-
 # ---------------------------------------------------------------------- the driver
 def run_codesign(target: str, models: tuple[str, ...], out_dir: str | Path, *, searcher: str = "random",
                  budget: int = 16, address: str | None = None, resume: bool = False,
@@ -419,7 +415,7 @@ def run_codesign(target: str, models: tuple[str, ...], out_dir: str | Path, *, s
     if target == "mcm":
         from .mcm_trial import PlacerOptions
 
-        opts = PlacerOptions(**opts).__dict__ | {}
+        opts = dataclasses.asdict(PlacerOptions(**opts))   # checked, with every default filled in
         for m in models:
             if m.endswith(".json") and not m.startswith("hf:"):
                 from .mcm_trial import mcm_graph
