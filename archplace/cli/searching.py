@@ -6,6 +6,7 @@ each ``print_*`` writes the human summary; each ``add_*_parser`` declares the fl
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -40,7 +41,8 @@ def cmd_search(args) -> dict[str, Any]:
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
-        capture_blocks=args.capture_blocks, **_codesign_args(args))
+        capture_blocks=args.capture_blocks)
+    req = dataclasses.replace(req, **_codesign_args(args))
     try:
         return api.search(req, terminal_progress=not args.json).to_dict()
     except KeyboardInterrupt:
