@@ -186,19 +186,24 @@ def test_two_point_space_best_known_by_construction(ray_session, tmp_path, gpt2_
 
 @pytest.mark.parametrize("searcher", ["random", "optuna", "pareto"])
 def test_searchers_and_the_pareto_front(ray_session, tmp_path, searcher, gpt2_graph):
-    """Each searcher evaluates points of an 8-point space; best.json's front is exactly the
+    """Each searcher evaluates 4 distinct points of an 8-point space; best.json's front is exactly the
     non-dominated evaluated designs (brute force) and its best design has the top throughput per k$."""
     space = _space(num_chiplets=[4, 8], sram_mb=[16, 32], link_gbs=[16, 64])
     res = _search(tmp_path, searcher, space, searcher=searcher, budget=4, placer="greedy", seed=1)
     rows = pq.read_table(tmp_path / searcher / "evaluations.parquet").to_pylist()
     designs = {r["arch_key"]: (r["throughput"], r["cost_usd"]) for r in rows if r["status"] == "ok"}
-    assert 1 <= res["evaluated"] == len({r["arch_key"] for r in rows}) <= 4
+    assert res["evaluated"] == len({r["arch_key"] for r in rows}) == 4
     front = {k for k, (t, c) in designs.items()
              if not any(t2 >= t and c2 <= c and (t2 > t or c2 < c) for t2, c2 in designs.values())}
     assert {p["arch_key"] for p in res["pareto"]} == front
     top = max(designs, key=lambda k: designs[k][0] / designs[k][1])
     assert res["common"]["arch_key"] == top
     assert _check_partitions(json.loads((tmp_path / searcher / "best.json").read_text()), {GPT2: gpt2_graph})
+    # resumed with a larger budget: the 4 are told to the searcher and 2 new packages are evaluated (a
+    # resumed seeded Optuna sampler draws its first points again: they are told, not re-evaluated)
+    more = _search(tmp_path, searcher, space, searcher=searcher, budget=6, placer="greedy", seed=1,
+                   resume=True)
+    assert more["evaluated"] == 6 and more["stats"]["resumed"] == 4 and more["stats"]["new_trials"] == 2
 
 
 def test_pareto_mask_brute_force():

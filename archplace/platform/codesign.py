@@ -353,29 +353,70 @@ def _list_searcher(order: list[int]):
 
 def _optuna_searcher(searcher: str, space: dict[str, Any], seed: int, done: list[dict[str, Any]]):
     """Tune's ``OptunaSearch`` over the axes as categorical parameters: TPE on the objective (``optuna``)
-    or NSGA-II on (throughput_avg max, cost_usd min) (``pareto``); ``done`` (resume) told first."""
+    or NSGA-II on (throughput_avg max, cost_usd min) (``pareto``); ``done`` (resume) told first.
+
+    Every trial gets a point no earlier trial had: a draw that lands on one (a resumed search's seeded
+    sampler draws its first points again; a categorical sampler repeats itself) is told that point's
+    known result (an error while it is still running, as the service's studies do) and drawn again, so
+    the budget counts distinct packages."""
     import optuna
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = list(axes_of(space))
     dists = {a: optuna.distributions.CategoricalDistribution([str(v) for v in axes_of(space)[a]])
              for a in names}
-    if searcher == "pareto":
-        s = OptunaSearch(space=dists, metric=["throughput_avg", "cost_usd"], mode=["max", "min"],
-                         sampler=optuna.samplers.NSGAIISampler(seed=seed))
+    multi = searcher == "pareto"
+    n = len(all_points_cached(space))
+
+    class DistinctOptuna(OptunaSearch):
+        def __init__(self, **kw) -> None:
+            super().__init__(**kw)
+            self.known: dict[tuple, Any] = {}   # point -> told values (None: failed or still running)
+
+        def suggest(self, trial_id: str):
+            for _ in range(200):
+                cfg = super().suggest(trial_id)
+                if not isinstance(cfg, dict):
+                    return cfg
+                key = tuple(str(cfg[a]) for a in names)
+                if key not in self.known:
+                    self.known[key] = None
+                    return cfg
+                if len(self.known) >= n:
+                    return Searcher.FINISHED
+                ot_trial = self._ot_trials.pop(trial_id)
+                value = self.known[key]
+                if value is None:
+                    self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    self._ot_study.tell(ot_trial, value)
+            return Searcher.FINISHED
+
+        def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is not None and result and not error:
+                key = tuple(str(ot_trial.params[a]) for a in names)
+                self.known[key] = ([result["throughput_avg"], result["cost_usd"]] if multi
+                                   else result[OBJECTIVE])
+            super().on_trial_complete(trial_id, result, error)
+
+    if multi:
+        s = DistinctOptuna(space=dists, metric=["throughput_avg", "cost_usd"], mode=["max", "min"],
+                           sampler=optuna.samplers.NSGAIISampler(seed=seed))
     else:
-        s = OptunaSearch(space=dists, metric=OBJECTIVE, mode="max",
-                         sampler=optuna.samplers.TPESampler(seed=seed))
+        s = DistinctOptuna(space=dists, metric=OBJECTIVE, mode="max",
+                           sampler=optuna.samplers.TPESampler(seed=seed))
     for d in done:
         params = {a: str(d["point"][a]) for a in names}
         state = optuna.trial.TrialState.FAIL if d["failed"] else optuna.trial.TrialState.COMPLETE
-        if searcher == "pareto":   # OptunaSearch.add_evaluated_point takes one value; a study takes two
-            values = None if d["failed"] else [d["throughput_avg"], d["cost_usd"]]
-            s._ot_study.add_trial(optuna.trial.create_trial(state=state, values=values, params=params,
-                                                            distributions=dists))
-        else:
-            s.add_evaluated_point(params, d[OBJECTIVE], error=d["failed"])
+        values = None if d["failed"] else ([d["throughput_avg"], d["cost_usd"]] if multi else d[OBJECTIVE])
+        s.known[tuple(params[a] for a in names)] = values
+        # OptunaSearch.add_evaluated_point takes one value; the study takes a list for two objectives
+        s._ot_study.add_trial(optuna.trial.create_trial(
+            state=state, params=params, distributions=dists,
+            **({"values": values} if multi else {"value": values})))
     return s
 
 
