@@ -138,8 +138,8 @@ def write_report(out_dir: str | Path) -> Path:
         if topo:
             lines += ["", "Best throughput per k$ by topology: "
                       + ", ".join(f"{t} {_f(v, 1)}" for t, v in sorted(topo.items()))
-                      + " (under the MCM simulator a mesh runs the ring's chain and pays for 4 D2D ports; "
-                      "see platform/mcm_trial.py)."]
+                      + " (a mesh runs the ring's chain with shortcuts for tensors that skip chips and "
+                      "pays for 4 D2D ports instead of 2; see platform/mcm_trial.py)."]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

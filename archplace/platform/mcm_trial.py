@@ -10,12 +10,19 @@ those fields changed. Op times come from the analytical estimator on that chiple
 (``MCMProblem.from_graph``).
 
 **Topology.** The MCM partition model (paper Eqs. 2-4, ``simulators/mcm.py``) pipelines a model over a
-chain of chips, each sending only to the next. A ring runs that chain on its own links. A 2-D mesh runs
-it along a snake (boustrophedon) path through the grid, whose every hop is one mesh link, so the
-partition model and its throughput are the ring's at the same link bandwidth; the mesh's other links
-are unused by this model, and the mesh chiplet pays for 4 D2D ports instead of 2 (``chiplet_cost``).
-Under this simulator a mesh therefore never beats a ring of the same chiplet; it is in the space so a
-mesh-aware simulator can slot in, and the report says what the search found.
+chain of chips. A ring runs that chain on its own links and is evaluated by the simulator as it is. A 2-D
+mesh (``mesh_grid``: the most square rows × cols) runs the chain along a snake (boustrophedon) path, so
+every chain hop is one mesh link, and a tensor that skips chips takes the mesh's shortest path instead of
+every chain hop in between: :func:`mesh_chip_latency_s` routes op u's output from its chip to each chip
+holding a consumer by dimension-order routing (``_route``: along the row then the column, or the
+other way, whichever stays between the two chips in chain order, else the chain; links are directed,
+each GB/s per direction), charges ``out_bytes[u]`` once to every link of the union of those paths
+(one multicast, as the ring model sends once per span), and a chip's latency is its compute plus its
+busiest outgoing link (its up to 4 ports run concurrently). A 1 × C mesh is the ring exactly, and a
+mesh is never slower than the ring for the same partition (``_route``; tests check both). Eqs. 2-4 and
+memory are about the pipeline order, not the wires, so validity is the simulator's ``check`` on both.
+The placers optimise the chain model; on a mesh their partition is then scored by the mesh model. The
+mesh chiplet pays for 4 D2D ports instead of 2 (``chiplet_cost``).
 
 **Placers** (deterministic budgets: sub-solve counts and CP-SAT deterministic time, one CP-SAT worker,
 seeded; the wall clock, ``safety_s``, is only an outer safety limit, and a row records when it stopped a
@@ -201,6 +208,74 @@ def mcm_graph(model: str, seq: int | None = None):
     return build_graph(model, seq=seq, mbs=1, training=False, bytes_per_element=1)
 
 
+# ---------------------------------------------------------------------- 2-D mesh links
+def mesh_grid(num_chips: int) -> tuple[int, int]:
+    """(rows, cols) of a 2-D mesh of ``num_chips``: the most square factorisation, rows <= cols."""
+    r = math.isqrt(num_chips)
+    while num_chips % r:
+        r -= 1
+    return r, num_chips // r
+
+
+def snake_position(num_chips: int) -> np.ndarray:
+    """``[C, 2]`` (row, col) of chain chip i on the mesh: rows left to right, then right to left."""
+    rows, cols = mesh_grid(num_chips)
+    i = np.arange(num_chips)
+    r, c = i // cols, i % cols
+    return np.stack([r, np.where(r % 2 == 0, c, cols - 1 - c)], axis=1)
+
+
+def mesh_chip_latency_s(problem, f: np.ndarray) -> tuple[np.ndarray, float]:
+    """(``[C]`` chip latencies on the 2-D mesh, bytes over all links) of one partition (module doc)."""
+    c = problem.num_chips
+    cols = mesh_grid(c)[1]
+    pos = snake_position(c)
+
+    def chip(r: int, k: int) -> int:
+        return r * cols + (k if r % 2 == 0 else cols - 1 - k)
+
+    f = np.asarray(f, dtype=np.int64)
+    compute = np.bincount(f, weights=problem.time_s, minlength=c)
+    fu, fv = f[problem.src], f[problem.dst]
+    sel = fv != fu
+    # (op, consumer chip) pairs, sorted by op: each op's destinations are one run
+    pairs = np.unique(np.stack([problem.src[sel], fv[sel]], axis=1), axis=0).reshape(-1, 2)
+    load: dict[tuple[int, int], float] = {}
+    ops, starts = np.unique(pairs[:, 0], return_index=True)
+    for u, start, end in zip(ops.tolist(), starts.tolist(), [*starts[1:].tolist(), len(pairs)]):
+        a = int(f[u])
+        links: set[tuple[int, int]] = set()
+        for d in pairs[start:end, 1].tolist():
+            hops = _route(a, d, pos, chip)
+            links.update(zip(hops[:-1], hops[1:]))
+        for link in links:
+            load[link] = load.get(link, 0.0) + float(problem.out_bytes[u])
+    busiest = np.zeros(c)
+    for (a, _), v in load.items():
+        busiest[a] = max(busiest[a], v)
+    return compute + busiest / problem.link_bw_bytes_per_s, float(sum(load.values()))
+
+
+def _route(a: int, d: int, pos: np.ndarray, chip) -> list[int]:
+    """The chips a tensor passes from chain chip ``a`` to ``d > a``: XY (row first), else YX, whichever
+    passes only chips in ``[a, d]``, else the chain itself. Every link used then leaves a chip the ring
+    model charges for the same tensor (a chip in ``[a, d - 1]``), so no chip's busiest port carries more
+    than its ring link would: a mesh is never slower than the ring of the same partition."""
+    (r1, c1), (r2, c2) = (tuple(int(x) for x in pos[a]), tuple(int(x) for x in pos[d]))
+    for first_x in (True, False):
+        r, k, hops = r1, c1, [a]
+        for axis in ((0, 1) if first_x else (1, 0)):
+            while (k != c2) if axis == 0 else (r != r2):
+                if axis == 0:
+                    k += 1 if c2 > k else -1
+                else:
+                    r += 1 if r2 > r else -1
+                hops.append(chip(r, k))
+        if all(a <= h <= d for h in hops):
+            return hops
+    return list(range(a, d + 1))
+
+
 # ---------------------------------------------------------------------- placers
 @dataclass(frozen=True)
 class PlacerOptions:
@@ -339,10 +414,13 @@ def evaluate_design(design: MCMDesign, graphs: dict[str, Any], opts: PlacerOptio
         part, info = place(problem, opts, policy_state)
         ev = evaluate(problem, part)
         why = check(problem, part)
-        tp = float(ev.throughput[0]) if not why else 0.0
-        lat = ev.latency_s[0]
-        compute = np.bincount(part, weights=problem.time_s, minlength=problem.num_chips)
-        link_bytes = float(np.clip(lat - compute, 0, None).sum() * problem.link_bw_bytes_per_s)
+        if design.topology == "mesh":
+            lat, link_bytes = mesh_chip_latency_s(problem, part)
+        else:
+            lat = ev.latency_s[0]
+            compute = np.bincount(part, weights=problem.time_s, minlength=problem.num_chips)
+            link_bytes = float(np.clip(lat - compute, 0, None).sum() * problem.link_bw_bytes_per_s)
+        tp = 1.0 / float(lat.max()) if not why and lat.max() > 0 else 0.0
         rows.append({**common, "model": m, "status": "ok" if not why else "infeasible",
                      "error": "; ".join(why[:3]), "throughput": tp,
                      "throughput_per_kusd": tp / pc.package_usd * 1e3,
