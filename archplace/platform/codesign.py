@@ -196,10 +196,11 @@ def codesign_trainable(config: dict[str, Any], target: str, space: dict[str, Any
     for r in rows:
         r.update(here, space_index=index, trial_id=tune.get_context().get_trial_id(), finished_at=now,
                  total_s=r.get("total_s", time.perf_counter() - t0))
-    tp = float(np.mean([r["throughput"] for r in rows]))
+    feasible = all(r["status"] == "ok" for r in rows)   # as the store's designs(): every model placed
+    tp = float(np.mean([r["throughput"] for r in rows])) if feasible else 0.0
     cost = float(rows[0]["cost_usd"])
-    tune.report({"throughput_avg": tp, "cost_usd": cost, OBJECTIVE: tp / cost * 1e3, "space_index": index,
-                 "rows_json": json.dumps(rows)})
+    tune.report({"throughput_avg": tp, "cost_usd": cost, OBJECTIVE: tp / cost * 1e3, "feasible": feasible,
+                 "space_index": index, "rows_json": json.dumps(rows)})
 
 
 _POINTS: dict[str, list] = {}
@@ -396,6 +397,12 @@ def _optuna_searcher(searcher: str, space: dict[str, Any], seed: int, done: list
 
         def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
             ot_trial = self._ot_trials.get(trial_id)
+            if multi and ot_trial is not None and result and not error and not result.get("feasible", True):
+                # a package some model does not fit: no point of the front (its cost alone would make
+                # it one), so NSGA-II is told it failed
+                self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                self._completed_trials.add(trial_id)
+                return
             if ot_trial is not None and result and not error:
                 key = tuple(str(ot_trial.params[a]) for a in names)
                 self.known[key] = ([result["throughput_avg"], result["cost_usd"]] if multi
@@ -410,8 +417,9 @@ def _optuna_searcher(searcher: str, space: dict[str, Any], seed: int, done: list
                            sampler=optuna.samplers.TPESampler(seed=seed))
     for d in done:
         params = {a: str(d["point"][a]) for a in names}
-        state = optuna.trial.TrialState.FAIL if d["failed"] else optuna.trial.TrialState.COMPLETE
-        values = None if d["failed"] else ([d["throughput_avg"], d["cost_usd"]] if multi else d[OBJECTIVE])
+        failed = d["failed"] or (multi and not d["ok"])
+        state = optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE
+        values = None if failed else ([d["throughput_avg"], d["cost_usd"]] if multi else d[OBJECTIVE])
         s.known[tuple(params[a] for a in names)] = values
         # OptunaSearch.add_evaluated_point takes one value; the study takes a list for two objectives
         s._ot_study.add_trial(optuna.trial.create_trial(
