@@ -1,20 +1,22 @@
 """MCM co-design sweep (issue 32 items 3-4): which placer, inside a sweep of chiplet packages, finds the
 best design, and does the pre-trained policy pay by amortisation?
 
-    python bench/codesign.py mcm [--points 200] [--models bert-base,t5-base] [--seeds 0,1,2]
+    python bench/codesign.py mcm [--points 200] [--models bert-base,bert-large] [--seeds 0,1,2]
                                  [--placers greedy+lns,cpsat,ppo-pretrained] [--sweep-s 3600]
                                  [--subsolves 16] [--det-time 0.25] [--workers N] [--address ADDR]
                                  [--out FILE.json]
-    python bench/codesign.py pretrain [--train-points 8] [--train-models bert-large,opt-350m]
+    python bench/codesign.py pretrain [--train-points 8] [--train-models bert-48,hf:tests/data/...]
                                       [--subsolves 640]
-                                      [--points 200 --seeds 0,1,2 --models bert-base,t5-base]
+                                      [--points 200 --seeds 0,1,2 --models bert-base,bert-large]
                                       [--policy FILE.npz]
     python bench/codesign.py gpu [--points 1000] [--models bert-48,t5-3b] [--seed 0] [--workers N]
                                  [--address ADDR] [--out FILE.json]
 
 **mcm.** For every seed and placer: ``archplace search --target mcm`` (``api.search``) over the packaged
 space (``tune_configs/mcm_codesign.yaml``, 1,080 packages) with the ``random`` searcher, ``--points``
-packages in the seed's order (the same packages in the same order for every placer of a seed), each
+packages in the seed's order (the same packages in the same order for every placer of a seed; default
+models bert-base and bert-large: t5-base and opt-350m fit no package of the space, their greedy partitions
+break the 64 MB per chiplet at every size, and the placers all start from greedy), each
 model partitioned by the placer on a deterministic budget (``--subsolves`` CP-SAT sub-solves of
 ``--det-time`` units; cpsat: the same work in one solve; ppo-pretrained: the pre-trained learned-LNS
 policy zero-shot, ``bench/results/mcm_large_policy.npz``). **Equal sweep time:** every (placer, seed) run is
@@ -33,8 +35,8 @@ is not run again (same code version, settings).
 **pretrain** (item 3: "pre-train one MCM partition policy on a training set of hardware points and
 models; hold out some"): one learned-LNS policy trained by PPO (``train_hint_policy``, ``--subsolves``
 sub-solves in all, default 640) on ``--train-points`` packages that none of the sweep's seeds draws (so
-every sweep package is held out) and ``--train-models`` (default bert-large and opt-350m; the sweep's
-bert-base and t5-base are held out). ``mcm --placers ppo-pretrained --policy results/codesign_policy.npz``
+every sweep package is held out) and ``--train-models`` (default BERT-48 and the tests' small GPT-2
+config; the sweep's bert-base and bert-large are held out). ``mcm --placers ppo-pretrained --policy results/codesign_policy.npz``
 then sweeps with it. Without ``--policy`` the sweep uses ``bench/mcm_large.py``'s policy (synthetic graphs
 on mcm-36: everything in the sweep is held out from it).
 
@@ -61,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _meta import code_version, command, git_state, machine  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
 CODE = ("archplace.platform", "archplace.algorithms", "archplace.simulators", "archplace.hardware")
 
 
@@ -268,7 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", help="mcm: ppo-* weights (default bench/results/mcm_large_policy.npz); "
                                      "pretrain: where to write them (default results/codesign_policy.npz)")
     ap.add_argument("--train-points", type=int, default=8, help="pretrain: packages of the training set")
-    ap.add_argument("--train-models", default="bert-large,opt-350m",
+    ap.add_argument("--train-models", default=f"bert-48,hf:{REPO / 'tests/data/small_gpt2_config.json'}",
                     help="pretrain: models of the training set")
     ap.add_argument("--points", type=int)
     ap.add_argument("--models")
@@ -287,7 +290,7 @@ def main(argv=None) -> int:
     load = tuple(__import__("os").getloadavg())
     if args.what in ("mcm", "pretrain"):
         args.points = args.points or 200
-        args.models = (args.models or "bert-base,t5-base").split(",")
+        args.models = (args.models or "bert-base,bert-large").split(",")
         args.seeds = [int(s) for s in args.seeds.split(",")]
         args.placers = args.placers.split(",")
         args.runs_dir = args.runs_dir or str(RESULTS / "codesign_mcm_runs")

@@ -41,7 +41,10 @@ run):
   sub-solves first (needs Ray).
 
 The greedy partition is always a candidate: a placer whose answer is invalid or slower falls back to it
-(the row's ``fallback`` says so). Every returned partition passes ``simulators.mcm.check``.
+(the row's ``fallback`` says so). Every placer starts from it, so a model whose greedy partition breaks
+memory on a package (the repair fixes Eqs. 2-4, not memory) is infeasible there ("greedy invalid", with
+the simulator's reason), even where some other partition might fit. Every partition in a row passes
+``simulators.mcm.check`` or the row says why not.
 """
 
 from __future__ import annotations
