@@ -36,9 +36,9 @@ is not run again (same code version, settings).
 models; hold out some"): one learned-LNS policy trained by PPO (``train_hint_policy``, ``--subsolves``
 sub-solves in all, default 640) on ``--train-points`` packages that none of the sweep's seeds draws (so
 every sweep package is held out) and ``--train-models`` (default BERT-48 and the tests' small GPT-2
-config; the sweep's bert-base and bert-large are held out). ``mcm --placers ppo-pretrained --policy results/codesign_policy.npz``
-then sweeps with it. Without ``--policy`` the sweep uses ``bench/mcm_large.py``'s policy (synthetic graphs
-on mcm-36: everything in the sweep is held out from it).
+config; the sweep's bert-base and bert-large are held out). ``mcm --placers ppo-pretrained --policy
+results/codesign_policy.npz`` then sweeps with it. Without ``--policy`` the sweep uses
+``bench/mcm_large.py``'s policy (synthetic graphs on mcm-36: everything in the sweep is held out from it).
 
 **gpu.** ``archplace search --target gpu-cluster`` (random, ``--points`` shapes) through the same platform
 path; the GPU-cluster sweep in plain Ray tasks is ``bench/codesign_gpu.py``.
