@@ -65,6 +65,9 @@ def validate_codesign(req) -> None:
             raise invalid("finetune_subsolves", f"applies to placer ppo-pretrained, not {req.placer}")
     elif req.placer != defaults["placer"] or req.policy:
         raise invalid("placer", "and policy apply to --target mcm")
+    elif req.seq is not None:
+        raise invalid("seq", "applies to --target mcm and accelerator; a gpu-cluster trial trains at each "
+                             "model's own sequence length (platform/gpu_cluster_trial.py)")
     if not (req.space is None or isinstance(req.space, dict) or (isinstance(req.space, str) and req.space)):
         raise invalid("space", f"must be a space YAML path, its content as a dict, or None, "
                                f"got {req.space!r}")
