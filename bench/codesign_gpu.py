@@ -37,7 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE_COLS = ("gpu", "gpus_per_server", "num_servers", "intra_class", "inter_class", "num_gpus",
               "price_per_hour_usd", "iteration_time_s", "cost_per_step_usd", "memory_fit", "wall_s")
 MODEL_COLS = ("iteration_time_s", "cost_per_step_usd", "memory_fit", "stages", "devices", "peak_memory_gib",
-              "proven_optimal", "dp_states", "simulator_calls", "dp_wall_s")
+              "proven_optimal", "dp_states", "dp_subproblems", "simulator_calls", "dp_wall_s")
 
 
 def evaluate_chunk(configs: list[dict], models: list[str], training: dict) -> list[dict]:
@@ -192,9 +192,9 @@ def main() -> int:
            if best_cost else None,
            "pareto_front": {k: front_summary(v, models, *axes[k]) for k, v in fronts.items()},
            "points": compact(rows, models)}
-    png = Path(args.plot) if args.plot else Path(args.out).with_suffix(".png")
-    out["plot"] = str(png.relative_to(Path(__file__).resolve().parents[1])) if \
-        png.resolve().is_relative_to(Path(__file__).resolve().parents[1]) else str(png)
+    png = (Path(args.plot) if args.plot else Path(args.out).with_suffix(".png")).resolve()
+    root = Path(__file__).resolve().parents[1]
+    out["plot"] = str(png.relative_to(root)) if png.is_relative_to(root) else str(png)
     if not plot(png, rows, models):
         out["plot"] = None
         print("matplotlib is not installed: no plot", flush=True)

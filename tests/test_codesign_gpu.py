@@ -120,27 +120,41 @@ def test_shape_config_and_space_file_errors(tmp_path):
         load_space(str(f))
     with pytest.raises(ValueError, match="does not exist"):
         load_space(str(tmp_path / "none.yaml"))
+    # the content itself (what a search ships to its trials) is checked the same way
+    content = load_space()
+    assert load_space(content) == content
+    with pytest.raises(ValueError, match="gpu-cluster space: cluster.num_servers: .* is 0"):
+        load_space({**content, "cluster": {**content["cluster"], "num_servers": [0, 1]}})
 
 
 # ------------------------------------------------------------------------------------------------ trial
 def test_iteration_time_equals_pipeline_dp_on_v100_cluster():
     """A shape of 8 V100 per server on NVLink and 25 Gb/s between servers is Auto-MAP's v100-server
-    cluster: the trial's plan and time are ``archplace pipeline --cluster A|B --algo dp``'s exactly."""
+    cluster: the trial's plan and time are ``archplace pipeline --cluster A --algo dp``'s exactly (and, for
+    3 servers, those of the DP that command runs on cluster B)."""
+    from archplace.algorithms.rl.pipeline_plan import model_profile
+    from archplace.algorithms.solvers.pipeline_dp import solve_dp
+
     for cluster, servers in (("A", 2), ("B", 3)):
         shape = shape_from_config({**V100_A, "num_servers": servers})
         c = cluster_of_shape(shape)
         ref = v100_cluster(cluster)
         assert (c.num_devices, c.link_bw, c.inter_server_bw, c.device.hbm_gb) == \
             (ref.num_devices, ref.link_bw, ref.inter_server_bw, ref.device.hbm_gb)
-        res = api.pipeline(api.PipelineRequest("bert-48", cluster=cluster, algo="dp"))
         row = evaluate_cluster(shape, ["bert-48"], stages="servers")
-        assert row["bert-48.iteration_time_s"] == res.length_s
-        assert row["bert-48.cuts"] == res.cuts and row["bert-48.devices"] == res.plan["devices"]
-        assert row["bert-48.stages"] == res.stages == servers and row["bert-48.proven_optimal"]
+        if cluster == "A":
+            res = api.pipeline(api.PipelineRequest("bert-48", cluster=cluster, algo="dp"))
+            length, cuts, devices, k = res.length_s, res.cuts, res.plan["devices"], res.stages
+        else:
+            plan = solve_dp(model_profile("bert-48"), ref, servers)
+            length, cuts, devices, k = plan.length_s, plan.cuts.tolist(), plan.devices.tolist(), servers
+        assert row["bert-48.iteration_time_s"] == length
+        assert row["bert-48.cuts"] == cuts and row["bert-48.devices"] == devices
+        assert row["bert-48.stages"] == k == servers and row["bert-48.proven_optimal"]
         assert row["bert-48.memory_fit"] and row["memory_fit"]
         price = servers * 31.212
         assert row["price_per_hour_usd"] == pytest.approx(price)
-        assert row["bert-48.cost_per_step_usd"] == pytest.approx(res.length_s * price / 3600, rel=1e-12)
+        assert row["bert-48.cost_per_step_usd"] == pytest.approx(length * price / 3600, rel=1e-12)
         assert row["bert-48.samples_per_step"] == 256
         assert row["iteration_time_s"] == row["bert-48.iteration_time_s"]
 
@@ -193,6 +207,13 @@ def test_memory_fit_refusal_with_reason():
     assert two["megatron-2.5b.stages_skipped"] == [1] and two["megatron-2.5b.stages_tried"] == [2]
     assert two["megatron-2.5b.memory_reason"] == ""
     assert two["megatron-2.5b.peak_memory_gib"] <= 32
+    # rows with and without a fit go into one Parquet table (the search's evaluations.parquet)
+    import pyarrow as pa
+
+    t = pa.Table.from_pylist([one, two])
+    col = t.column("megatron-2.5b.iteration_time_s").to_pylist()
+    assert col == [None, two["megatron-2.5b.iteration_time_s"]]
+    assert t.column("megatron-2.5b.devices").to_pylist() == [[1], two["megatron-2.5b.devices"]]
 
 
 def test_stage_rules_and_bad_input():

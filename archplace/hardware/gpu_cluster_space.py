@@ -136,21 +136,25 @@ def cluster_of_shape(shape: ClusterShape, dtype: str = "fp16") -> Cluster:
 
 
 # --------------------------------------------------------------------------------------------- the space
-def load_space(path: str | None = None) -> dict:
-    """The co-design space: the packaged ``tune_configs/gpu_cluster_space.yaml`` (``None``) or a YAML file.
+def load_space(path: str | dict | None = None) -> dict:
+    """The co-design space: the packaged ``tune_configs/gpu_cluster_space.yaml`` (``None``), a YAML file, or
+    the already-read content as a dict (what a search ships to its trials and keeps for a resume).
     Returns ``{"cluster": {field: [values]}, "training": {...}}`` with every value checked (one-line
     errors naming the field)."""
     import yaml
 
-    if path is None:
-        text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
-        where = DEFAULT_SPACE
+    if isinstance(path, dict):
+        cfg, where = path, "gpu-cluster space"
     else:
-        p = Path(path)
-        if not p.exists():
-            raise ValueError(f"gpu-cluster space file {str(p)!r} does not exist")
-        text, where = p.read_text(), str(p)
-    cfg = yaml.safe_load(text)
+        if path is None:
+            text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
+            where = DEFAULT_SPACE
+        else:
+            p = Path(path)
+            if not p.exists():
+                raise ValueError(f"gpu-cluster space file {str(p)!r} does not exist")
+            text, where = p.read_text(), str(p)
+        cfg = yaml.safe_load(text)
     if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict):
         raise ValueError(f"{where}: field 'cluster' is missing (a mapping of {list(SHAPE_FIELDS)} to lists)")
     cl = cfg["cluster"]

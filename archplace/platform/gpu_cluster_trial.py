@@ -19,7 +19,7 @@ The row, flat so it goes into Parquet and a Tune result as is (``M`` is a model 
   ``M.memory_fit`` and, when it does not fit, ``M.memory_reason``; time and cost are None then (a plan
   that runs out of memory is no design point);
 - the plan: ``M.stages`` (K), ``M.devices`` (GPUs per stage), ``M.device_cuts``, ``M.cuts`` (pivots),
-  ``M.cut_layers``, ``M.peak_memory_gib``, and what the DP spent (``M.dp_states``,
+  ``M.cut_layers``, ``M.peak_memory_gib``, and what the DP spent (``M.dp_states``, ``M.dp_subproblems``,
   ``M.simulator_calls``, ``M.proven_optimal``, ``M.dp_wall_s``);
 - over all models, one step of each in turn: ``iteration_time_s``, ``cost_per_step_usd`` (sums; None
   unless every model fits) and ``memory_fit`` (all fit).
@@ -205,6 +205,7 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
             f"{m}.oom_plan_length_s": None if fits else float(plan.length_s),
             f"{m}.proven_optimal": all(p.optimal for _, p in tried),
             f"{m}.dp_states": int(sum(p.evaluated for _, p in tried)),
+            f"{m}.dp_subproblems": int(sum(p.subproblems for _, p in tried)),
             f"{m}.simulator_calls": int(sum(p.plan_evaluations for _, p in tried)),
             f"{m}.dp_wall_s": wall})
         all_fit &= fits
