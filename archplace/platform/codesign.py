@@ -106,18 +106,9 @@ def load_space(target: str, spec: str | dict | None) -> dict[str, Any]:
 
         return mcm_space(spec)
     space_mod, _, _ = _gpu()
-    if isinstance(spec, dict):   # content (the API, a resume): checked by the module's own loader
-        import tempfile
-
-        import yaml
-
-        content = {"cluster": spec.get("cluster", spec.get("axes")), "training": spec.get("training") or {}}
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "space.yaml"
-            path.write_text(yaml.safe_dump(content))
-            loaded = space_mod.load_space(str(path))
-    else:
-        loaded = space_mod.load_space(spec)
+    if isinstance(spec, dict) and "axes" in spec:   # this module's form of the content (a resume)
+        spec = {"cluster": spec["axes"], "training": spec.get("training") or {}}
+    loaded = space_mod.load_space(spec)
     return json.loads(json.dumps({"axes": loaded["cluster"], "training": loaded["training"]}))
 
 
