@@ -25,6 +25,7 @@ from ._common import (
     is_int,
     is_number,
 )
+from .codesign import CodesignResult
 
 RECOMPUTE = {"both": (False, True), "stash": (False,), "recompute": (True,)}
 SCHEDULES = ("ilp", "sequential")
@@ -66,6 +67,14 @@ class SearchRequest(Request):
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
     capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
     screen_top_k: int | None = None         # searcher screen: ILP + DP on the top k per objective (None: 32)
+    # co-design targets (api/codesign.py): "accelerator" is the Phaze search above; "mcm" and "gpu-cluster"
+    # search chiplet packages / GPU cluster shapes (their searcher "phaze" means their default, "pareto")
+    target: str = "accelerator"
+    placer: str = "greedy+lns"              # mcm: greedy, greedy+lns, cpsat, ppo-pretrained, ppo-lns
+    subsolves: int = 16                     # mcm: CP-SAT sub-solves per model and design (cpsat: as work)
+    det_time: float = 0.25                  # mcm: CP-SAT deterministic units per sub-solve
+    finetune_subsolves: int = 0             # mcm ppo-pretrained: PPO fine-tune first (0: zero-shot)
+    policy: str | None = None               # mcm ppo-*: weights (default bench/results/mcm_large_policy.npz)
 
     def settings(self):
         """The ``SearchSettings`` that define the search's results. A ``space`` file that is not valid
@@ -102,6 +111,10 @@ class SearchRequest(Request):
         name the CLI flags)."""
         from ..platform.search import validate as validate_search
 
+        if self.target != "accelerator":
+            from .codesign import validate_codesign
+
+            return validate_codesign(self)
         if not (isinstance(self.models, tuple) and all(isinstance(m, str) for m in self.models)):
             raise invalid("models", f"must be a list of model preset names, got {self.models!r}")
         check_optional_str("out_dir", self.out_dir)
@@ -179,7 +192,7 @@ class SearchResult(Result):
 
 
 def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-           terminal_progress: bool = False) -> SearchResult:
+           terminal_progress: bool = False) -> SearchResult | CodesignResult:
     """Run (or resume) a search; writes ``out_dir`` (evaluations.parquet, best.json, report.md).
 
     Unlike the other calls, a search attaches to Ray itself, as ``archplace search`` does: through
@@ -192,6 +205,10 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
     from ..platform.screen import DEFAULT_TOP_K, run_screen
     from ..platform.search import run_search
 
+    if req.target != "accelerator":
+        from .codesign import codesign_search
+
+        return codesign_search(req, progress=progress, cancel=cancel, terminal_progress=terminal_progress)
     req.validate()
     steps = Steps("search", progress, cancel)
     out = req.out_dir or f"runs/search-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -6,10 +6,12 @@ each ``print_*`` writes the human summary; each ``add_*_parser`` declares the fl
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
 from archplace import api
+from archplace.api.codesign import MCM_PLACERS, TARGETS
 from archplace.cli.common import (
     NO_CONTENTION_HELP,
     add_ilp_budget_args,
@@ -40,6 +42,7 @@ def cmd_search(args) -> dict[str, Any]:
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
         capture_blocks=args.capture_blocks, screen_top_k=args.screen_top_k)
+    req = dataclasses.replace(req, **_codesign_args(args))
     try:
         return api.search(req, terminal_progress=not args.json).to_dict()
     except KeyboardInterrupt:
@@ -50,6 +53,8 @@ def cmd_search(args) -> dict[str, Any]:
 
 
 def print_search(res: dict[str, Any]) -> None:
+    if res.get("target") in ("mcm", "gpu-cluster"):
+        return print_codesign(res)
     st = res.get("stats", {})
     print(f"search of {', '.join(res['models'])} on {res['num_devices']} accelerators, global batch "
           f"{res['global_batch']} [{res['searcher']}]: {res['evaluated']} architectures "
@@ -112,9 +117,9 @@ def print_search(res: dict[str, Any]) -> None:
 
 
 def cmd_report(args) -> dict[str, Any]:
-    from archplace.platform.report import write_report
+    from archplace.platform.codesign_report import write_any_report
 
-    path = write_report(args.dir)
+    path = write_any_report(args.dir)
     return {"report": str(path)}
 
 
@@ -169,6 +174,7 @@ def add_search_parser(sub) -> None:
     se.add_argument("--seed", type=int, default=0)
     se.add_argument("--max-failures", type=int, default=2,
                     help="retries of an architecture whose evaluation failed")
+    add_codesign_args(se)
     se.add_argument("--json", action="store_true")
 
 
@@ -176,3 +182,44 @@ def add_report_parser(sub) -> None:
     rp = sub.add_parser("report", help="report.md with plots of a finished search")
     rp.add_argument("dir")
     rp.add_argument("--json", action="store_true")
+
+
+# ---------------------------------------------------------------------- co-design targets (issue 32)
+def add_codesign_args(se) -> None:
+    se.add_argument("--target", choices=TARGETS, default="accelerator",
+                    help="what hardware is searched: accelerator (Phaze), mcm (chiplet packages, "
+                         "tune_configs/mcm_codesign.yaml) or gpu-cluster; for mcm and gpu-cluster the "
+                         "searchers are random, grid, optuna and pareto (NSGA-II), and the default phaze "
+                         "means pareto")
+    se.add_argument("--placer", choices=MCM_PLACERS, default=api.SearchRequest.placer,
+                    help="mcm: how each model is partitioned on each package")
+    se.add_argument("--subsolves", type=int, default=api.SearchRequest.subsolves,
+                    help="mcm: CP-SAT sub-solves per model and package (cpsat: the same work in one solve)")
+    se.add_argument("--det-time", type=float, default=api.SearchRequest.det_time,
+                    help="mcm: CP-SAT deterministic time units per sub-solve")
+    se.add_argument("--finetune-subsolves", type=int, default=0,
+                    help="mcm ppo-pretrained: PPO fine-tune sub-solves on each problem first (0: zero-shot)")
+    se.add_argument("--policy", help="mcm ppo-pretrained: the pre-trained weights "
+                                     "(default bench/results/mcm_large_policy.npz)")
+
+
+def _codesign_args(args) -> dict[str, Any]:
+    return {"target": args.target, "placer": args.placer, "subsolves": args.subsolves,
+            "det_time": args.det_time, "finetune_subsolves": args.finetune_subsolves, "policy": args.policy}
+
+
+def print_codesign(res: dict[str, Any]) -> None:
+    st = res.get("stats", {})
+    print(f"{res['target']} co-design of {', '.join(res['models'])} [{res['searcher']}"
+          + (f", placer {res['placer']}" if res.get("placer") else "") + f"]: {res['evaluated']} designs "
+          f"({st.get('resumed', 0)} resumed, {res['failed']} failed, {res['infeasible']} infeasible) "
+          f"in {st.get('wall_s', 0):.1f} s")
+    c = res.get("common")
+    if c is None:
+        print("  no design was feasible for every model")
+    else:
+        print(f"  best design  {c['arch_label']}: {c['throughput_avg']:,.1f} {res['throughput_unit']} at "
+              f"{c['cost_usd']:,.2f} USD ({c['throughput_per_kusd']:,.1f} per k$)")
+    print(f"  Pareto front {len(res.get('pareto', []))} designs of (throughput, {res['cost']})")
+    out = res["out_dir"]
+    print(f"  results      {out}/evaluations.parquet, {out}/best.json, {out}/report.md")

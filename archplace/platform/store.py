@@ -36,9 +36,7 @@ Why. The previous store rewrote both files from every row after each trial (O(NÂ
   removes the parts and the log: at a search's end, on resume, and once ``max(compact_parts, rows
   in evaluations.parquet // 256)`` parts are on disk (each rewrite paid for by the parts since the
   last: O(1) per part; 10,000 uncompacted parts had cost 159 MB and a 21 s load on resume, issue 29).
-
-Files are replaced atomically (temporary file, then rename). Plain pyarrow, no Ray.
-"""
+Files are replaced atomically (temporary file, then rename). Plain pyarrow, no Ray."""
 
 from __future__ import annotations
 
@@ -222,6 +220,8 @@ class ResultStore:
     """The rows of one search directory: kept in memory, logged on every ``add()``, flushed to part
     files in batches and compacted into ``evaluations.parquet`` by ``compact()`` / ``close()``."""
 
+    schema, column_defaults = SCHEMA, _COLUMN_DEFAULTS  # a co-design target's store has its own
+
     def __init__(self, out_dir: str | Path, *, flush_rows: int = 512, flush_interval_s: float = 10.0,
                  best_interval_s: float = 2.0, compact_parts: int = 64) -> None:
         if flush_rows < 1:
@@ -324,7 +324,7 @@ class ResultStore:
 
     def table(self) -> pa.Table:
         """All current rows (one per architecture Ã— model), sorted by (order, model)."""
-        return pa.Table.from_pylist(self.rows, schema=SCHEMA)
+        return pa.Table.from_pylist(self.rows, schema=self.schema)
 
     def finished(self) -> dict[str, dict[str, Any]]:
         """arch_key -> {"space_index", "rows", "failed", "value" (average throughput, 0 for failed)}.
@@ -359,7 +359,7 @@ class ResultStore:
             """One file's rows: each architecture's row set replaces the one read before."""
             groups: dict[str, list[dict[str, Any]]] = {}
             for r in rows:
-                full = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+                full = {name: r.get(name, d) for name, d in self.column_defaults.items()}
                 groups.setdefault(_key(full), []).append(full)
             for key, rs in groups.items():
                 self._order.setdefault(key, int(rs[0]["order"]))
@@ -427,7 +427,7 @@ class ResultStore:
                     continue
                 tag = str(r.pop(_WAL_ADD, f"line-{i}"))
                 sizes[tag] = int(r.pop(_WAL_N, 1))
-                row = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+                row = {name: r.get(name, d) for name, d in self.column_defaults.items()}
                 calls.setdefault(tag, []).append(row)
         return [rows for tag, rows in calls.items() if len(rows) == sizes[tag]]
 
@@ -480,7 +480,7 @@ class ResultStore:
             self._next_order += 1
         full_rows = []
         for r in rows:
-            full = {name: r.get(name, d) for name, d in _COLUMN_DEFAULTS.items()}
+            full = {name: r.get(name, d) for name, d in self.column_defaults.items()}
             full["order"], full["searcher"] = order, r.get("searcher", searcher)
             full_rows.append(full)
         full_rows = _by_model(full_rows)
@@ -530,7 +530,7 @@ class ResultStore:
                 self._rewrite_wal()
                 self._wal_stale = False
             return
-        table = pa.Table.from_pylist([r for rs in self._pending.values() for r in rs], schema=SCHEMA)
+        table = pa.Table.from_pylist([r for rs in self._pending.values() for r in rs], schema=self.schema)
         self.dataset_dir.mkdir(parents=True, exist_ok=True)
         if self._next_part is None:
             parts = self._parts()
@@ -550,8 +550,7 @@ class ResultStore:
         self._pending.clear()
         self._pending_rows = 0
 
-    def parts_on_disk(self) -> int:
-        """Part files in ``evaluations/`` (a listing: for a resume's start, not per trial)."""
+    def parts_on_disk(self) -> int:  # part files in evaluations/ (a listing: a resume's start, not per trial)
         return len(self._parts())
 
     def discard_if_empty(self) -> None:

@@ -91,6 +91,11 @@ class StudyCreate(Strict):
     name: Name
     models: list[str] = Field(min_length=1, max_length=LIMITS["models_per_study"])
     searcher: Literal["phaze", "optuna", "random", "grid"] = "phaze"
+    target: Literal["accelerator", "mcm"] = Field(
+        default="accelerator",
+        description="accelerator: the Phaze space; mcm: chiplet packages (tune_configs/mcm_codesign.yaml; "
+        "a trial's params are one package; searchers random, grid, optuna)",
+    )
     objectives: list[Objective] = Field(
         default_factory=lambda: [Objective(name="throughput")],
         min_length=1,
@@ -122,9 +127,9 @@ class StudyCreate(Strict):
 
     @field_validator("space")
     @classmethod
-    def _space(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _space(cls, v: dict[str, Any] | None, info) -> dict[str, Any] | None:
         if v is not None:
-            _check_space(v)
+            (_check_mcm_space if info.data.get("target") == "mcm" else _check_space)(v)
         return v
 
     @model_validator(mode="after")
@@ -132,6 +137,9 @@ class StudyCreate(Strict):
         names = [o.name for o in self.objectives]
         if len(set(names)) != len(names):
             raise ValueError(f"objectives: {names} names an objective twice")
+        if self.target == "mcm" and (self.searcher == "phaze" or self.max_area_mm2 is not None):
+            raise ValueError("target mcm: searcher must be random, grid or optuna, and max_area_mm2 is not "
+                             "allowed (a package's cost and area are in each trial's params)")
         if self.searcher == "phaze" and self.objectives[0].goal != "maximize":
             raise ValueError(
                 "objectives[0].goal: the phaze searcher maximises its first objective "
@@ -162,6 +170,27 @@ def _depth(x: Any) -> int:
             deepest = max(deepest, d)
             stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
     return deepest
+
+
+def _check_mcm_space(space: dict[str, Any]) -> None:
+    """An MCM co-design space (``axes`` and ``cost``, as tune_configs/mcm_codesign.yaml): its shape and
+    size here, its values by ``mcm_trial.load_space`` (one-line errors naming the axis)."""
+    import json
+
+    from ..platform.mcm_trial import load_space, space_size
+
+    if _depth(space) > 3:
+        raise ValueError("space: nested too deeply (an mcm space is axes.AXIS = [values] and cost.FIELD)")
+    try:
+        json.dumps(space, allow_nan=False)
+    except ValueError:
+        raise ValueError("space: NaN and infinite numbers are not allowed") from None
+    axes = space.get("axes")
+    if isinstance(axes, dict) and any(isinstance(v, list) and len(v) > 64 for v in axes.values()):
+        raise ValueError("space: an mcm axis lists at most 64 values")
+    n = space_size(load_space(space))
+    if n > LIMITS["space_grid_points"]:
+        raise ValueError(f"space: {n:,} points, more than {LIMITS['space_grid_points']:,}")
 
 
 def _check_space(space: dict[str, Any]) -> None:

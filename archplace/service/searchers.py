@@ -64,7 +64,41 @@ def build_space(spec: dict[str, Any] | None) -> ArchSpace:
     return dataclasses.replace(space, **narrow)
 
 
-def arch_params(space: ArchSpace, index: int) -> dict[str, Any]:
+class MCMStudySpace:
+    """A ``target: mcm`` study's space (``platform/mcm_trial.py``): the packages of its axes, in their
+    product order, built point by point (nothing enumerated). A trial's params are the package's axis
+    values, its label, cost and areas (``hardware/chiplet_cost.py``)."""
+
+    def __init__(self, spec: dict[str, Any] | None) -> None:
+        from ..platform.mcm_trial import load_space, space_size
+
+        self.spec = load_space(spec)
+        self.n = space_size(self.spec)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def axis_params(self, index: int) -> dict[str, str]:
+        """The point as Optuna's categorical parameters (strings)."""
+        from ..platform.mcm_trial import point
+
+        return {a: str(v) for a, v in point(self.spec, index).items()}
+
+    def params(self, index: int) -> dict[str, Any]:
+        from ..hardware.chiplet_cost import CostParams, package_cost
+        from ..platform.mcm_trial import MCMDesign, point
+
+        p = point(self.spec, index)
+        d = MCMDesign.from_config(p)
+        pc = package_cost(d.num_chiplets, d.pe, d.sram_mb, d.link_gbs, d.topology,
+                          CostParams.from_dict(self.spec["cost"]))
+        return {**p, "label": d.label(), "package_usd": pc.package_usd,
+                "chiplet_area_mm2": pc.chiplet_area_mm2, "silicon_area_mm2": pc.silicon_area_mm2}
+
+
+def arch_params(space: ArchSpace | MCMStudySpace, index: int) -> dict[str, Any]:
+    if isinstance(space, MCMStudySpace):
+        return space.params(index)
     acc = space.accelerator(index)
     return {
         **reference_fields(space, index),
@@ -76,8 +110,9 @@ def arch_params(space: ArchSpace, index: int) -> dict[str, Any]:
 
 class StudySearcher:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.space_spec = study_space(config)
-        self.space = build_space(self.space_spec)
+        self.mcm = config.get("target") == "mcm"
+        self.space_spec = config.get("space") if self.mcm else study_space(config)
+        self.space = MCMStudySpace(self.space_spec) if self.mcm else build_space(self.space_spec)
         self.name = config.get("searcher", "phaze")
         self.maximize = config["objectives"][0]["goal"] == "maximize"
         self.seq = 0  # the study's sequence number this cache has seen
@@ -95,12 +130,16 @@ class StudySearcher:
         self._cursor = 0
         self._live: dict[int, Any] = {}  # optuna: architecture index -> its asked, untold trial
         self._exp: np.ndarray | None = None
+        if self.mcm and self.name == "phaze":
+            raise ValueError("target mcm: searcher must be random, grid or optuna")
         if self.name == "phaze":
             h, bucket = int(config.get("hysteresis", 6)), float(config.get("area_bucket_mm2", 0.01))
             self.generator = PhazeGenerator(self.space.area_mm2, h, bucket)
         elif self.name == "random":  # as RandomSearcher: the reference first, then a seeded permutation
             rng = np.random.default_rng(int(config.get("seed", 0)))
             self.order = np.r_[0, 1 + rng.permutation(n - 1)].astype(np.int32)
+        elif self.name == "grid" and self.mcm:  # the axes' product order (archplace search's grid strides it)
+            self.order = np.arange(n, dtype=np.int32)
         elif self.name == "grid":  # as GridSearcher: the reference, then the grid's lexicographic order
             s = self.space
             lex = np.lexsort((s.glb_mb, s.pe_y, s.pe_x, s.num_vc, s.num_tc))
@@ -121,16 +160,30 @@ class StudySearcher:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self._dists = optuna_space(self.space_spec)
+        if self.mcm:  # categorical over each axis's values (as archplace search --target mcm)
+            axes = self.space.spec["axes"]
+            self._dists = {a: optuna.distributions.CategoricalDistribution([str(v) for v in axes[a]])
+                           for a in axes}
+        else:
+            self._dists = optuna_space(self.space_spec)
         self._study = optuna.create_study(
             direction="maximize" if self.maximize else "minimize",
             sampler=optuna.samplers.TPESampler(seed=seed),
         )
-        self._study.enqueue_trial(reference_fields(self.space, 0))
+        if not self.mcm:
+            self._study.enqueue_trial(reference_fields(self.space, 0))
+
+    def _fields(self, index: int) -> dict[str, Any]:
+        return self.space.axis_params(index) if self.mcm else reference_fields(self.space, index)
 
     def _nearest(self, params: dict[str, Any]) -> int:
         """``nearest_index`` without its N x 5 float64 temporaries: every axis value of a schema-checked
-        space is a power of two, so the log2 distances are integers over int8 exponents."""
+        space is a power of two, so the log2 distances are integers over int8 exponents. An mcm study's
+        params are exactly one point's."""
+        if self.mcm:
+            from ..platform.mcm_trial import index_of
+
+            return index_of(self.space.spec, params)
         if self._exp is None:
             cols = [np.log2(np.asarray(getattr(self.space, f), dtype=np.float64)) for f in ARCH_FIELDS]
             if not all(np.array_equal(c, np.round(c)) and c.min() >= 0 and c.max() < 127 for c in cols):
@@ -241,7 +294,7 @@ class StudySearcher:
 
                 self._study.add_trial(
                     optuna.trial.create_trial(
-                        params=reference_fields(self.space, index),
+                        params=self._fields(index),
                         distributions=self._dists,
                         value=v,
                         state=TrialState.COMPLETE if v is not None else TrialState.FAIL,
