@@ -158,6 +158,7 @@ class ShardResult(Result):
     search_wall_s: float  # the search's wall clock (not part of the answer)
     notes: list[str] = field(default_factory=list)
     reference: dict[str, Any] | None = None  # OPP: Megatron's plan, its step time and where ours differs
+    reason: str | None = None  # why the plan is infeasible or does not fit (None when it fits)
     wall_s: float = 0.0
 
 
@@ -216,19 +217,25 @@ def shard(
     reference = None
     if mode == "opp" and req.algo != "megatron" and g.meta.get("megatron") is not None and family != "vgg19":
         meg = ss.megatron(ss.ShardProblem(g, req.devices, mode, pb.cost))
-        diff = ss.differences(res, meg)
+        diff = ss.differences(res, meg) if res.status != "infeasible" else None
         reference = {
             "algo": "megatron",
             "step_s": meg.cost.step_s,
             "memory_bytes": meg.cost.memory_bytes,
             "partitioned_variables": meg.partitioned,
             "dropped": len(meg.notes),
-            "differs": len(diff),
-            "differences": diff[:50],
-            "speedup": meg.cost.step_s / res.cost.step_s if res.cost.step_s else None,
+            "differs": None if diff is None else len(diff),
+            "differences": [] if diff is None else diff[:50],
+            "speedup": meg.cost.step_s / res.cost.step_s if diff is not None and res.cost.step_s else None,
         }
         steps.stage("reference", step_s=meg.cost.step_s)
     dims = sum(len(g.tensors[t].shape) for t in pb.variables)
+    reason = res.reason
+    if reason is None and not res.cost.fits:
+        reason = (
+            f"the {req.algo} plan needs {res.cost.memory_bytes} B per device, more than {req.gpu}'s "
+            f"{pb.cost.gpu.memory_bytes} B"
+        )
     out = ShardResult(
         model=req.model,
         family=family,
@@ -261,6 +268,7 @@ def shard(
         search_wall_s=res.search_s,
         notes=res.notes,
         reference=reference,
+        reason=reason,
         wall_s=time.perf_counter() - t0,
     )
     steps.done(step_s=out.step_s)
