@@ -95,13 +95,13 @@ def add_shard_parser(sub) -> None:
         "model",
         nargs="?",
         default=None,
-        help="a preset of family t5, gpt2 or bert (see `archplace models`), or vgg19",
+        help="a preset of family t5, gpt2, bert, llama or opt (see `archplace models`), or vgg19",
     )
     p.add_argument(
         "--hf-config",
         metavar="CONFIG.json",
         default=None,
-        help="a transformers config of a T5, GPT-2 or BERT model, instead of a preset",
+        help="a transformers config of a T5, GPT-2, BERT, Llama or OPT model, instead of a preset",
     )
     p.add_argument("--devices", type=int, required=True, help="T: each split dimension is split over all T")
     p.add_argument(
