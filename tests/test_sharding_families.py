@@ -36,6 +36,11 @@ def test_exact_infeasible_reports_the_smallest_memory_any_plan_reaches():
     assert res.status == "infeasible" and res.choice == {}
     assert f"reaches over 4 devices is {least / 2**30:.2f} GiB ({least} B" in res.reason
     assert res.to_dict()["reason"] == res.reason
+    with pytest.raises(
+        ValueError,
+        match=rf"the smallest of the \d+ plans without a conflict \(of 36\) needs .* \({least} B\)",
+    ):
+        ss.brute_force(ss.ShardProblem(g, 4, cost=ShardCost(gpu=tiny)))
     # one byte more and the optimum is that plan
     ok = ss.solve_exact(
         ss.ShardProblem(g, 4, cost=ShardCost(gpu=dataclasses.replace(V100, memory_bytes=least)))
@@ -245,3 +250,27 @@ def test_shard_llama_from_a_config_file(tmp_path):
     f.write_text(json.dumps({**LLAMA, "model_type": "mistral"}))
     with pytest.raises(ValueError, match="family 'mistral'"):
         shard(ShardRequest(f"hf:{f}", devices=2))
+
+
+def test_rules_rotary_and_repeat_kv():
+    M4 = Mesh((("model", 4),))
+    B = sm.Builder()
+    q = B.input("q", (2, 4, 8, 16), bpe=2)
+    cos, sin = B.const("cos", (8, 16)), B.const("sin", (8, 16))
+    r = sf.rotary(B, "rope", q, cos, sin)
+    g = B.build()
+    assert g.ops[0].flops == 3 * 2 * 4 * 8 * 16
+    assert propagate(g, M4, {("q", 1): "model"}).spec(r) == (None, "model", None, None)  # heads split
+    p = propagate(g, M4, {("q", 2): "model"})  # positions split: cos and sin rows follow
+    assert p.spec("cos") == ("model", None) and p.spec("sin") == ("model", None)
+    c = propagate(g, M4, {("q", 3): "model"}).conflict  # rotate_half pairs i with i + d/2
+    assert c is not None and c.op == "rope"
+
+    B = sm.Builder()
+    k = B.input("k", (2, 4, 8, 16), bpe=2)
+    y = sf.repeat_kv(B, "rep", k, 2)
+    g = B.build()
+    assert g.tensors[y].shape == (2, 8, 8, 16)
+    p = propagate(g, M4, {("k", 1): "model"})  # contiguous blocks of kv heads = blocks of their copies
+    assert p.conflict is None and p.spec(y) == (None, "model", None, None)
+    assert sf.repeat_kv(B, "same", k, 1) == k  # no copy without grouping

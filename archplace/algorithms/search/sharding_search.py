@@ -209,16 +209,27 @@ def brute_force(pb: ShardProblem, limit: int = 100_000) -> ShardResult:
     n = int(np.prod([len(o) for o in opts], dtype=float))
     if n > limit:
         raise ValueError(f"brute force over {n} plans exceeds limit={limit}")
-    best, best_v, seen = None, None, 0
+    best, best_v, seen, valid, least = None, None, 0, 0, None
     for combo in itertools.product(*opts):
         p, c = plan_cost(pb, dict(zip(pb.variables, combo)))
+        if c is not None:
+            valid += 1
+            least = c.memory_bytes if least is None else min(least, c.memory_bytes)
         if c is None or not c.fits:
             continue
         seen += 1
         if best is None or c.step_s < best.step_s - 1e-15:
             best, best_v = c, p.values.copy()
     if best is None:
-        raise ValueError("no plan fits in memory")
+        raise ValueError(
+            f"no plan fits in {pb.cost.gpu.name}'s {_gib(pb.cost.gpu.memory_bytes)} per device: "
+            + (
+                f"the smallest of the {valid} plans without a conflict (of {n}) needs {_gib(least)} "
+                f"({least} B) over {pb.devices} devices"
+                if valid
+                else f"all {n} plans conflict"
+            )
+        )
     return result_from_values(pb, "brute", best_v, t0, c0, status="optimal", evaluated=seen)
 
 
