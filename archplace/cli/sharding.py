@@ -81,7 +81,7 @@ def print_shard(res: dict[str, Any]) -> None:
         )
         for d in ref["differences"][:10]:
             print(f"    {d}")
-    for n in res["notes"][:5]:
+    for n in [n for n in res["notes"] if n != res.get("reason")][:5]:
         print(f"  note         {n}")
 
 

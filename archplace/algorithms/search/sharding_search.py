@@ -335,7 +335,7 @@ def solve_exact(
             PlanCost(float("nan"), float("nan"), float("nan"), 0, False, ()),
             0,
             time.perf_counter() - t0,
-            [],
+            [why],
             status="infeasible",
             reason=why,
         )
