@@ -46,10 +46,12 @@ def test_shard_data_parallel(capsys):
     assert res["collectives"]["backward allreduce"]["count"] == 38  # one per weight and bias
 
 
-def test_shard_errors(capsys):
+def test_shard_errors(capsys, tmp_path):
     assert main(["shard", "t5-base", "--devices", "8", "--algo", "megatron", "--data-parallel"]) == 2
     assert "algo" in capsys.readouterr().err
-    assert main(["shard", "llama2-7b", "--devices", "8"]) == 2
-    assert "family 'llama'" in capsys.readouterr().err
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "mistral", "hidden_size": 32}')
+    assert main(["shard", "--hf-config", str(cfg), "--devices", "8"]) == 2
+    assert "family 'mistral'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["shard", "t5-base"])  # --devices is required

@@ -64,7 +64,7 @@ def test_an_adp_operation(app):
 @pytest.mark.parametrize(
     "body, field, says",
     [
-        ({"model": "opt-350m"}, "model", "allowed"),          # a preset of a family shard does not build
+        ({"model": "mistral-7b"}, "model", "allowed"),        # not a preset
         ({"model": "hf:/etc/passwd"}, "model", "allowed"),    # never a file on the server
         ({"model": "bert-base", "devices": 0}, "devices", "greater than or equal to 1"),
         ({"model": "bert-base", "algo": "megatron", "data_parallel": True}, "body", "algo"),

@@ -1,7 +1,8 @@
 """Operator sharding (OPP) and data-parallel dimensions (ADP) of a model (``archplace shard``, Auto-MAP).
 
-The model's tensor-level graph (``workloads.sharding_models``: T5, GPT-2, BERT from a preset or a
-transformers config file, or the in-tree VGG-19) goes through the sharding-propagation engine; the
+The model's tensor-level graph (``workloads.sharding_models``: T5, GPT-2, BERT, and
+``workloads.sharding_families``: Llama, OPT, from a preset or a transformers config file, or the in-tree
+VGG-19) goes through the sharding-propagation engine; the
 search picks, per trainable variable (OPP) or per data input (ADP), one dimension to split over all
 ``devices`` or none, minimising the predicted step time (``algorithms/search/sharding_cost.py``)
 under per-device memory. OPP results are compared with Megatron-LM's known sharding, and the
@@ -31,13 +32,13 @@ from ._common import (
 SHARD_ALGOS = ("ilp", "greedy", "megatron", "random", "exhaustive", "dqn")
 SHARD_REWARDS = ("paper", "cost")
 DQN_BUDGET = 20_000  # propagation calls of a DQN search without ``budget``
-SHARD_FAMILIES = ("t5", "gpt2", "bert", "vgg19")
+SHARD_FAMILIES = ("t5", "gpt2", "bert", "llama", "opt", "vgg19")
 SHARD_DTYPES = ("bf16", "fp16", "tf32", "fp32")
 
 
 @dataclass(frozen=True)
 class ShardRequest(Request):
-    model: str  # a preset of family t5, gpt2 or bert, "vgg19", or hf:PATH (a config)
+    model: str  # a preset of family t5, gpt2, bert, llama or opt, "vgg19", or hf:PATH (a config)
     devices: int = 8  # T: every split dimension is split over all of them
     algo: str = "ilp"  # ilp | greedy | megatron (OPP only) | random | exhaustive (ADP only)
     data_parallel: bool = False  # ADP: decide the data inputs (variables replicated) instead of OPP
@@ -115,6 +116,10 @@ def shard_graph(model: str, seq: int | None, batch: int):
         ), family
     if family == "bert":
         return sm.bert(cfg, seq=seq, batch=batch), family
+    if family in ("llama", "opt"):
+        from ..workloads import sharding_families as sf
+
+        return getattr(sf, family)(cfg, seq=seq, batch=batch), family
     raise ValueError(
         f"model {model!r} is of family {family!r}; archplace shard builds {list(SHARD_FAMILIES)}"
     )
@@ -125,7 +130,7 @@ def table3(strategy: dict[str, int]) -> dict[str, Any]:
     mapped to its split dim (-1 replicated), or to the list of dims where the blocks disagree."""
     out: dict[str, Any] = {}
     for name, d in strategy.items():
-        key = re.sub(r"(block|layer|h)\.\d+/", r"\1.*/", name) if "/" in name else name
+        key = re.sub(r"(block|layers|layer|h)\.\d+/", r"\1.*/", name) if "/" in name else name
         out.setdefault(key, [])
         if d not in out[key]:
             out[key].append(d)
@@ -158,6 +163,7 @@ class ShardResult(Result):
     search_wall_s: float  # the search's wall clock (not part of the answer)
     notes: list[str] = field(default_factory=list)
     reference: dict[str, Any] | None = None  # OPP: Megatron's plan, its step time and where ours differs
+    reason: str | None = None  # why the plan is infeasible or does not fit (None when it fits)
     wall_s: float = 0.0
 
 
@@ -216,19 +222,25 @@ def shard(
     reference = None
     if mode == "opp" and req.algo != "megatron" and g.meta.get("megatron") is not None and family != "vgg19":
         meg = ss.megatron(ss.ShardProblem(g, req.devices, mode, pb.cost))
-        diff = ss.differences(res, meg)
+        diff = ss.differences(res, meg) if res.status != "infeasible" else None
         reference = {
             "algo": "megatron",
             "step_s": meg.cost.step_s,
             "memory_bytes": meg.cost.memory_bytes,
             "partitioned_variables": meg.partitioned,
             "dropped": len(meg.notes),
-            "differs": len(diff),
-            "differences": diff[:50],
-            "speedup": meg.cost.step_s / res.cost.step_s if res.cost.step_s else None,
+            "differs": None if diff is None else len(diff),
+            "differences": [] if diff is None else diff[:50],
+            "speedup": meg.cost.step_s / res.cost.step_s if diff is not None and res.cost.step_s else None,
         }
         steps.stage("reference", step_s=meg.cost.step_s)
     dims = sum(len(g.tensors[t].shape) for t in pb.variables)
+    reason = res.reason
+    if reason is None and not res.cost.fits:
+        reason = (
+            f"the {req.algo} plan needs {res.cost.memory_bytes} B per device, more than {req.gpu}'s "
+            f"{pb.cost.gpu.memory_bytes} B"
+        )
     out = ShardResult(
         model=req.model,
         family=family,
@@ -261,6 +273,7 @@ def shard(
         search_wall_s=res.search_s,
         notes=res.notes,
         reference=reference,
+        reason=reason,
         wall_s=time.perf_counter() - t0,
     )
     steps.done(step_s=out.step_s)

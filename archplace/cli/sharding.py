@@ -53,26 +53,35 @@ def print_shard(res: dict[str, Any]) -> None:
     print(f"  partitioned  {res['partitioned_variables']} of {g['decision_variables']}")
     for k, v in res["table3"].items():
         print(f"    {k:<60} {v}")
-    print(
-        f"  step         {res['step_s'] * 1e3:.3f} ms (compute {res['compute_s'] * 1e3:.3f} ms, "
-        f"communication {res['comm_s'] * 1e3:.3f} ms)"
-    )
-    print(
-        f"  memory       {fmt_bytes(res['memory_bytes'])} per device"
-        + ("" if res["fits"] else "  OUT OF MEMORY")
-    )
+    if res["status"] == "infeasible":
+        print("  step         none: no plan")
+    else:
+        print(
+            f"  step         {res['step_s'] * 1e3:.3f} ms (compute {res['compute_s'] * 1e3:.3f} ms, "
+            f"communication {res['comm_s'] * 1e3:.3f} ms)"
+        )
+        print(
+            f"  memory       {fmt_bytes(res['memory_bytes'])} per device"
+            + ("" if res["fits"] else "  OUT OF MEMORY")
+        )
+    if res.get("reason"):
+        print(f"  why          {res['reason']}")
     for k, v in sorted(res["collectives"].items()):
         print(f"  {k:<24} {v['count']:>4} x, {fmt_bytes(v['bytes'])} per device")
     ref = res.get("reference")
     if ref:
         print(
-            f"  Megatron     {ref['step_s'] * 1e3:.3f} ms ({ref['partitioned_variables']} partitioned, "
-            f"{ref['dropped']} of its splits conflict here); ours differs on {ref['differs']} variables "
-            "(Megatron -> ours)"
+            f"  Megatron     {ref['step_s'] * 1e3:.3f} ms, {fmt_bytes(ref['memory_bytes'])} per device "
+            f"({ref['partitioned_variables']} partitioned, {ref['dropped']} of its splits conflict here)"
+            + (
+                f"; ours differs on {ref['differs']} variables (Megatron -> ours)"
+                if ref["differs"] is not None
+                else ""
+            )
         )
         for d in ref["differences"][:10]:
             print(f"    {d}")
-    for n in res["notes"][:5]:
+    for n in [n for n in res["notes"] if n != res.get("reason")][:5]:
         print(f"  note         {n}")
 
 
@@ -86,13 +95,13 @@ def add_shard_parser(sub) -> None:
         "model",
         nargs="?",
         default=None,
-        help="a preset of family t5, gpt2 or bert (see `archplace models`), or vgg19",
+        help="a preset of family t5, gpt2, bert, llama or opt (see `archplace models`), or vgg19",
     )
     p.add_argument(
         "--hf-config",
         metavar="CONFIG.json",
         default=None,
-        help="a transformers config of a T5, GPT-2 or BERT model, instead of a preset",
+        help="a transformers config of a T5, GPT-2, BERT, Llama or OPT model, instead of a preset",
     )
     p.add_argument("--devices", type=int, required=True, help="T: each split dimension is split over all T")
     p.add_argument(

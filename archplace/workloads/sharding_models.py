@@ -8,9 +8,10 @@ reductions, fused attention, convolutions, pooling, cross entropy and explicit r
 
 The models are written from their configs, as ``inception_v3`` is: a GPT-2 / Megatron GPT, BERT, T5
 (v1.0: RMS norms, no biases, relative position bias shared by all layers of a stack, tied LM head)
-and VGG-19. Weights are stored [in, out] (mesh-TensorFlow's kernels, the layout of Auto-MAP's
-Table 3, where "q split on dim 1" is the output dimension). Each builder also records Megatron's
-sharding of every weight (``meta["megatron"]``: the dim split over the model axis, or None).
+and VGG-19 (Llama and OPT: ``sharding_families``). Weights are stored [in, out] (mesh-TensorFlow's
+kernels, the layout of Auto-MAP's Table 3, where "q split on dim 1" is the output dimension). Each
+builder also records Megatron's sharding of every weight (``meta["megatron"]``: the dim split over
+the model axis, or None).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ _EW_FLOPS = {
     "tanh": 4.0,
     "mask": 1.0,
     "dropout": 2.0,
+    "silu": 4.0,  # x·sigmoid(x): exp, add, divide, multiply
+    "expand": 1.0,  # grouped-query attention's repeat_kv copy (sharding_families)
 }
 
 

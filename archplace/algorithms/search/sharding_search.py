@@ -26,6 +26,7 @@ replicated. Undecided dimensions count as replicated.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +40,15 @@ from archplace.algorithms.search.sharding_cost import (
     linear_terms,
     linear_value,
 )
-from archplace.workloads.sharding import REPLICATED, UNKNOWN, Mesh, Propagation, ShardGraph, propagate
+from archplace.workloads.sharding import (
+    REPLICATED,
+    UNKNOWN,
+    Mesh,
+    Propagation,
+    ShardGraph,
+    memory,
+    propagate,
+)
 
 MODES = ("opp", "adp")
 
@@ -123,6 +132,7 @@ class ShardResult:
     notes: list[str] = field(default_factory=list)
     status: str = "ok"  # ok | optimal | feasible (exact, budget ran out) | infeasible
     evaluated: int = 0
+    reason: str | None = None  # infeasible: why no plan fits (the memory it misses by, the dims at fault)
 
     @property
     def partitioned(self) -> int:
@@ -139,6 +149,7 @@ class ShardResult:
             "search_s": self.search_s,
             "evaluated": self.evaluated,
             "notes": self.notes,
+            "reason": self.reason,
         }
 
 
@@ -198,32 +209,34 @@ def brute_force(pb: ShardProblem, limit: int = 100_000) -> ShardResult:
     n = int(np.prod([len(o) for o in opts], dtype=float))
     if n > limit:
         raise ValueError(f"brute force over {n} plans exceeds limit={limit}")
-    best, best_v, seen = None, None, 0
+    best, best_v, seen, valid, least = None, None, 0, 0, None
     for combo in itertools.product(*opts):
         p, c = plan_cost(pb, dict(zip(pb.variables, combo)))
+        if c is not None:
+            valid += 1
+            least = c.memory_bytes if least is None else min(least, c.memory_bytes)
         if c is None or not c.fits:
             continue
         seen += 1
         if best is None or c.step_s < best.step_s - 1e-15:
             best, best_v = c, p.values.copy()
     if best is None:
-        raise ValueError("no plan fits in memory")
+        raise ValueError(
+            f"no plan fits in {pb.cost.gpu.name}'s {_gib(pb.cost.gpu.memory_bytes)} per device: "
+            + (
+                f"the smallest of the {valid} plans without a conflict (of {n}) needs {_gib(least)} "
+                f"({least} B) over {pb.devices} devices"
+                if valid
+                else f"all {n} plans conflict"
+            )
+        )
     return result_from_values(pb, "brute", best_v, t0, c0, status="optimal", evaluated=seen)
 
 
-def solve_exact(
-    pb: ShardProblem,
-    max_deterministic_s: float = 10.0,
-    workers: int = 1,
-    seed: int = 0,
-    time_limit_s: float = 600.0,
-) -> ShardResult:
-    """CP-SAT over the per-class split booleans (module docstring). Times are integer picoseconds."""
-    from ortools.sat.python import cp_model
-
-    t0, c0 = time.perf_counter(), pb.calls
-    g, cl, lt = pb.graph, pb.graph.classes, pb.linear()
-    T = pb.devices
+def _free_classes(pb: ShardProblem) -> list[bool]:
+    """Per class: may the exact search split it (a decision variable's dim, not fixed by the base
+    propagation, splittable, its size divisible by the devices, at most once per tensor)."""
+    cl, T = pb.graph.classes, pb.devices
     decided = set()
     for t in pb.variables:
         decided.update(cl.tensor_classes[t])
@@ -232,6 +245,18 @@ def solve_exact(
         ok = c in decided and pb.base[c] == UNKNOWN and c not in cl.nosplit and cl.gcd[c] % T == 0
         ok = ok and all(cl.tensor_classes[t].count(c) <= 1 for t in cl.tensors_of[c])
         free.append(ok and T > 1)
+    return free
+
+
+def _cpsat(
+    pb: ShardProblem, objective: str, max_deterministic_s: float, workers: int, seed: int, limit_s: float
+):
+    """The CP-SAT model over the free class booleans: ``objective`` "step" (predicted step time in
+    integer picoseconds, under the per-device memory) or "memory" (per-device bytes, no cap)."""
+    from ortools.sat.python import cp_model
+
+    g, cl, lt = pb.graph, pb.graph.classes, pb.linear()
+    free = _free_classes(pb)
     md = cp_model.CpModel()
     x = {c: md.NewBoolVar(f"x{c}") for c in range(cl.num) if free[c]}
     groups = [cl.tensor_classes[t] for t in range(len(g.tensors))] + [
@@ -241,50 +266,146 @@ def solve_exact(
         vs = [x[c] for c in dict.fromkeys(grp) if c in x]
         if len(vs) > 1:
             md.AddAtMostOne(vs)
-    ps = 1e12
-    obj = [(int(round(lt.coef_s[c] * ps)), v) for c, v in x.items()]
-    for t, cs in lt.grad_or.items():
-        vs = [x[c] for c in cs if c in x]
-        if not vs:
-            continue
-        y = md.NewBoolVar(f"y{t}")
-        for v in vs:
-            md.AddImplication(v, y)
-        obj.append((int(round(lt.grad_ar_s[t] * ps)), y))
-    cap = pb.cost.gpu.memory_bytes - lt.mem_base_bytes
-    md.Add(sum(int(np.floor(lt.mem_coef_bytes[c])) * v for c, v in x.items()) <= int(np.floor(cap)))
-    md.Minimize(sum(k * v for k, v in obj))
+    mem = sum(int(np.floor(lt.mem_coef_bytes[c])) * v for c, v in x.items())
+    if objective == "memory":
+        md.Minimize(mem)
+    else:
+        obj = [(int(round(lt.coef_s[c] * _PS)), v) for c, v in x.items()]
+        for t, cs in lt.grad_or.items():
+            vs = [x[c] for c in cs if c in x]
+            if not vs:
+                continue
+            y = md.NewBoolVar(f"y{t}")
+            for v in vs:
+                md.AddImplication(v, y)
+            obj.append((int(round(lt.grad_ar_s[t] * _PS)), y))
+        md.Add(mem <= int(np.floor(pb.cost.gpu.memory_bytes - lt.mem_base_bytes)))
+        md.Minimize(sum(k * v for k, v in obj))
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.num_workers = int(workers)
     prm.random_seed = int(seed)
     prm.max_deterministic_time = float(max_deterministic_s)
-    prm.max_time_in_seconds = float(time_limit_s)
+    prm.max_time_in_seconds = float(limit_s)
     st = solver.Solve(md)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    ok = st in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    status = (
+        "optimal"
+        if st == cp_model.OPTIMAL
+        else "feasible"
+        if ok
+        else ("infeasible" if st == cp_model.INFEASIBLE else "unknown")
+    )
+    values = None
+    if ok:
+        values = pb.base.copy()
+        values[values == UNKNOWN] = REPLICATED
+        for c, v in x.items():
+            if solver.Value(v):
+                values[c] = 1
+    return status, values, solver, x
+
+
+_PS = 1e12  # the exact search's time unit: integer picoseconds
+
+
+def solve_exact(
+    pb: ShardProblem,
+    max_deterministic_s: float = 10.0,
+    workers: int = 1,
+    seed: int = 0,
+    time_limit_s: float = 600.0,
+) -> ShardResult:
+    """CP-SAT over the per-class split booleans (module docstring). Times are integer picoseconds.
+    When no plan fits, a second solve finds the smallest per-device memory any plan reaches, and
+    ``reason`` says by how much it misses and which dims would have saved the most had they split."""
+    t0, c0, lt = time.perf_counter(), pb.calls, pb.linear()
+    status, values, solver, x = _cpsat(pb, "step", max_deterministic_s, workers, seed, time_limit_s)
+    if values is None:
+        if status == "infeasible":
+            why = infeasible_reason(pb, max_deterministic_s, workers, seed, time_limit_s)
+        else:
+            why = (
+                f"CP-SAT found no plan within its deterministic-time budget {max_deterministic_s} "
+                "(raise max_deterministic_s)"
+            )
         return ShardResult(
             "ilp",
             {},
-            PlanCost(float("nan"), 0, 0, 0, False, ()),
+            PlanCost(float("nan"), float("nan"), float("nan"), 0, False, ()),
             0,
             time.perf_counter() - t0,
-            ["no plan fits in memory" if st == cp_model.INFEASIBLE else "no plan within the budget"],
+            [why],
             status="infeasible",
+            reason=why,
         )
-    values = pb.base.copy()
-    values[values == UNKNOWN] = REPLICATED
-    for c, v in x.items():
-        if solver.Value(v):
-            values[c] = 1
-    res = result_from_values(
-        pb, "ilp", values, t0, c0, status="optimal" if st == cp_model.OPTIMAL else "feasible"
-    )
+    res = result_from_values(pb, "ilp", values, t0, c0, status=status)
     res.notes.append(
-        f"CP-SAT: {len(x)} class booleans, objective {solver.objective_value / ps + lt.base_s:.6f} s, "
-        f"bound {solver.best_objective_bound / ps + lt.base_s:.6f} s, deterministic time "
+        f"CP-SAT: {len(x)} class booleans, objective {solver.objective_value / _PS + lt.base_s:.6f} s, "
+        f"bound {solver.best_objective_bound / _PS + lt.base_s:.6f} s, deterministic time "
         f"{solver.deterministic_time:.3f} of {max_deterministic_s}"
     )
     return res
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def infeasible_reason(
+    pb: ShardProblem,
+    max_deterministic_s: float = 10.0,
+    workers: int = 1,
+    seed: int = 0,
+    limit_s: float = 600.0,
+) -> str:
+    """Why no plan fits: the smallest per-device memory any plan reaches (CP-SAT on the memory alone,
+    the plan then propagated and measured) against the GPU's, its split into model state and
+    activations, and the three dim classes that would have saved the most memory, with why each
+    cannot split (size not divisible, an op's axis, tied to a fixed input)."""
+    g, cl, lt, T = pb.graph, pb.graph.classes, pb.linear(), pb.devices
+    cap = pb.cost.gpu.memory_bytes
+    status, values, _, _ = _cpsat(pb, "memory", max_deterministic_s, workers, seed, limit_s)
+    if values is None:  # pragma: no cover - the all-replicated plan is always a solution
+        return f"no plan fits in {pb.cost.gpu.name}'s {_gib(cap)} per device"
+    p = propagate(g, pb.mesh, {**pb.fixed, **pb.decisions(pb.choice_of(values))})
+    m = memory(p, pb.cost.optimizer_factor)
+    state = m.params_bytes + m.grads_bytes + m.optimizer_bytes
+    least = "the smallest" if status == "optimal" else "the smallest found (budget ran out)"
+    why = (
+        f"no plan fits in {pb.cost.gpu.name}'s {_gib(cap)} per device: {least} per-device memory any "
+        f"plan reaches over {T} devices is {_gib(m.total_bytes)} ({m.total_bytes} B: parameters, "
+        f"gradients and optimizer state {_gib(state)}, activations {_gib(m.activations_bytes)})"
+    )
+    free = _free_classes(pb)
+    fold = lambda text: re.sub(r"\.\d+/", ".*/", text)  # noqa: E731 - one entry for all blocks
+    stuck: dict[str, list] = {}  # cause (blocks folded) -> [first dim text, classes, bytes saved]
+    for c in range(cl.num):
+        if free[c] or lt.mem_coef_bytes[c] >= 0 or values[c] > 0:
+            continue
+        if pb.base[c] != UNKNOWN:
+            cause = "tied to a data input, replicated under OPP" if pb.mode == "opp" else "tied to a variable"
+        elif c in cl.nosplit:
+            oi, lab = cl.nosplit[c]
+            cause = f"op {fold(g.ops[oi].name)!r} may not split its label {lab!r}"
+        elif cl.gcd[c] % T:
+            cause = f"size {int(cl.gcd[c])} is not divisible by {T}"
+        else:
+            cause = "no decision variable touches it alone" if T > 1 else "one device"
+        s = cl.members[c][0]
+        t = cl.tensor_of(s)
+        e = stuck.setdefault(cause, [fold(f"{g.tensors[t].name} dim {s - int(cl.offset[t])}"), 0, 0.0])
+        e[1] += 1
+        e[2] -= lt.mem_coef_bytes[c]
+    top = sorted(stuck.items(), key=lambda kv: -kv[1][2])[:3]
+    if top:
+        why += "; the dims that would save the most but cannot split: " + "; ".join(
+            f"{dim} and {n - 1} like it ({cause}; each alone would save, summed, {_gib(saved)})"
+            if n > 1
+            else f"{dim} ({cause}; would save {_gib(saved)})"
+            for cause, (dim, n, saved) in top
+        )
+    return why
 
 
 def greedy(pb: ShardProblem, order=None) -> ShardResult:
