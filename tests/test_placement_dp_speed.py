@@ -1,10 +1,11 @@
 """The compiled round of the linear placement DP (``placement_kernel.linear_round``, issue 33's screen
 cost) against the numpy form it replaced, kept here verbatim as the reference (``reference_round``,
 placement.py before the kernel): every output of a round (best F, s, m_rest, j, d; the argmin table
-with its first-minimum tie-breaking; the suffix exposure g_top, the bound and the per-s max-loads) and
-every placement ``place`` returns, bit for bit, on random chains (TMP widths with single-device layers,
-tied weights, recomputation, tight HBM, fixed {p, d}, few devices), on chains of identical layers (ties
-everywhere) and on real BERT-Large layer graphs on TPUv4."""
+with its first-minimum tie-breaking; the suffix exposure g_top, the bound and the per-s max-loads);
+with pruning, what ``_place_linear`` reads of a round (best, its stages, g_top, the bound's side of the
+incumbent); and every placement ``place`` returns, bit for bit, on random chains (TMP widths with
+single-device layers, tied weights, recomputation, tight HBM, fixed {p, d}, few devices), on chains of
+identical layers (ties everywhere) and on real BERT-Large layer graphs on TPUv4."""
 
 import math
 
@@ -122,11 +123,25 @@ def round_inputs(ly, setup):
     return T, max_s, valid, nt, s_max, min(s_max, n_single)
 
 
+def stage_path(arg, best, nt):
+    """The stages of a round's best, first to last, read back from its argmin table."""
+    F, s, m, j, _ = best
+    if not math.isfinite(F):
+        return []
+    path, i = [(0, j)], j
+    for k in range(s - 1, 0, -1):
+        nj = int(arg[k, m, i])
+        m -= int(nt[i, nj])
+        path.append((i, nj))
+        i = nj
+    return path
+
+
 def same_placement(ly, setup, fixed=None):
     """``place`` with the kernel and with the reference round: identical summaries."""
     new = place(ly, setup, fixed)
     saved = P._linear_round
-    P._linear_round = reference_round
+    P._linear_round = lambda *args: reference_round(*args[:13])  # without the pruning flag
     try:
         old = place(ly, setup, fixed)
     finally:
@@ -157,6 +172,16 @@ def test_round_outputs_equal_the_numpy_round(seed):
                 np.testing.assert_array_equal(new[1], old[1])  # argmin tables, first minimum on ties
                 assert new[2:4] == old[2:4]
                 np.testing.assert_array_equal(new[4], old[4])
+                # pruned (every round but the first of a placement): what the caller reads is the same
+                pruned = P._linear_round(*args, False)
+                if old[0][0] < incumbent:  # the caller keeps a round's best only below its incumbent
+                    assert pruned[0] == old[0]
+                    assert stage_path(pruned[1], old[0], nt) == stage_path(old[1], old[0], nt)
+                else:
+                    assert pruned[0][0] >= incumbent
+                assert pruned[2] == old[2]
+                thr = min(incumbent, old[0][0])
+                assert (pruned[3] >= thr) == (old[3] >= thr)
 
 
 @pytest.mark.parametrize("sync_model", ["exposed", "paper"])

@@ -396,10 +396,13 @@ def _infeasible(ly: PlacementLayers, setup: TrainingSetup) -> Placement:
 
 def _linear_round(T: _StageTables, setup: TrainingSetup, t: int, s_max: int, m_max: int, nt: np.ndarray,
                   max_s: np.ndarray, valid: np.ndarray, e: np.ndarray | None, eps: float, fixed,
-                  d_range: tuple[int, int], incumbent: float = INF):
+                  d_range: tuple[int, int], incumbent: float = INF, exact: bool = True):
     """One DP over suffixes with non-first stages of exposed sync above ``eps`` forbidden. Returns
     (best (F, s, m_rest, j, d), arg, the largest suffix exposure among the final candidates that could
-    still beat ``incumbent``, the smallest F any ε could still give: min over s of flush(s)·min max-load).
+    still beat ``incumbent``, the smallest F any ε could still give: min over s of flush(s)·min max-load,
+    per s the smallest max-load x_min). ``exact=False`` lets the kernel drop DP states that cannot beat
+    ``incumbent`` (``placement_kernel.linear_round``'s ``prune``): best, arg along it and g_top stay the
+    same and the bound keeps its side of min(incumbent, best), but x_min is then not the DP's.
 
     Per stage count s: ``f[s][m][i] = min_j max(f[s−1][m'][j], load_s[i, j])`` over the stages [i, j)
     that fit in HBM at position s from the end and whose exposed sync is at most ``eps`` (m' = m − 1
@@ -416,7 +419,7 @@ def _linear_round(T: _StageTables, setup: TrainingSetup, t: int, s_max: int, m_m
         float(eps), int(s_max), int(m_max), int(t), int(B), int(setup.num_devices),
         -1 if fixed is None else int(fixed[0]), -1 if fixed is None else int(fixed[1]),
         int(d_range[0]), int(d_range[1]), float(incumbent), T.weights[0, 1:], T.tied[0, 1:],
-        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))))
+        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))), not exact)
     DP_STATS["rounds"] += 1
     DP_STATS["work"] += int(work)
     return (float(F), int(s), int(m_rest), int(j), int(d)), arg, float(g_top), float(bound), x_min
@@ -449,7 +452,7 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
             continue  # no placement with d in this range can beat the best, whatever its sync
         for _ in range(SYNC_ROUNDS if e is not None else 1):
             cand, arg, g_top, bound, x_min = _linear_round(T, setup, t, s_max, m_max, nt, max_s, valid, e,
-                                                           eps, fixed, d_range, best[0])
+                                                           eps, fixed, d_range, best[0], x_free is None)
             x_free = x_min if x_free is None else x_free  # the first round has no mask
             if cand[0] < best[0]:
                 best, best_arg = cand, arg

@@ -39,12 +39,22 @@ def _allreduce(num_bytes, copies, bandwidth):
 
 
 def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps, s_max, m_max, t, B, K,
-                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, d_all):
+                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, d_all, prune):
     """``placement._linear_round`` (see there for the meaning). ``fixed_s``/``fixed_d`` are -1 when not
     fixed; ``w0``/``tied0`` are the first stage's weights/tied bytes for [0, j), j = 1..L; ``d_all`` is
     ``_d_candidates(B, min(K, B))`` (a smaller d_max keeps the prefix of it at or below d_max).
     Returns (F, s, m_rest, j, d, arg, g_top, bound, x_min, work): ``work`` counts DP cells and final
-    (d, candidate) pairs evaluated, the deterministic measure of the round's cost."""
+    (d, candidate) pairs evaluated, the deterministic measure of the round's cost.
+
+    ``prune`` drops DP states that cannot matter: a suffix of s stages with max-load v ends in final
+    candidates of more than s stages, whose x >= v, so their sync-free F is at least
+    (ceil(B/d_hi) + s)·v; when that is >= min(incumbent, the round's best so far) none of them can win,
+    be live for ``g_top`` or bring ``bound`` below the caller's incumbent, and the state is set to +inf.
+    Every state that stays has the value, argmin and suffix exposure it has without pruning (its first
+    minimising j is never pruned: a state reached through a pruned one is pruned itself), so the best
+    placement, ``g_top`` and the test ``bound >= min(incumbent, best)`` are unchanged; ``arg`` of pruned
+    states, ``x_min`` and a ``bound`` at or above that threshold may differ, so the caller prunes only
+    when it needs none of those (every round but the one whose ``x_min`` it keeps)."""
     L = max_s.shape[0] - 1
     f = np.full((s_max + 1, m_max + 1, L + 1), INF)
     g = np.zeros((s_max + 1, m_max + 1, L + 1))
@@ -73,16 +83,23 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
                         continue
                     if has_e and not e[i, j] <= eps:
                         continue
-                    work += 1
-                    ld = use[i, j]
                     if nt[i, j]:
                         prev = f[s - 1, m - 1, j] if m >= 1 else INF
                     else:
                         prev = f[s - 1, m, j]
+                    if prev == INF:
+                        continue
+                    ld = use[i, j]
+                    work += 1
                     v = prev if prev > ld else ld
                     if v < bv:
                         bv = v
                         bjj = j
+                if prune and bv < INF:
+                    thr = incumbent if incumbent < bF else bF
+                    if not (flush_lo + s) * bv < thr:
+                        bv = INF
+                        bjj = 0
                 f[s, m, i] = bv
                 arg[s, m, i] = bjj
                 if has_e and bv < INF:
