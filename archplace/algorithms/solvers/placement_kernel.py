@@ -69,16 +69,26 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
     sfx = np.empty(n_cand)
     cw = np.empty(n_cand)
     ct = np.empty(n_cand)
-    viable = np.empty(n_cand, dtype=np.int64)
+    group = np.empty(n_cand, dtype=np.int64)
     work = 0
     flush_lo = math.ceil(B / d_hi)
+    # hi[i, s]: the largest j with max_s[i, j] >= s (0: none); a j above it cannot fit at position s
+    hi = np.zeros((L + 1, s_max + 2), dtype=np.int64)
+    for i in range(L):
+        r = 0
+        for j in range(L, i, -1):
+            v = min(max_s[i, j], s_max)
+            while r < v:
+                r += 1
+                hi[i, r] = j
     for s in range(1, s_max + 1):
         use = load_recompute if (recompute and s > 1) else load_plain
         for m in range(m_max + 1):
             for i in range(L + 1):
                 bv = INF
                 bjj = 0
-                for j in range(i + 1, L + 1):
+                # f[s−1] is +inf for suffixes [j, L) shorter than s − 1 layers: j <= L − s + 1
+                for j in range(i + 1, min(hi[i, s], L - s + 1) + 1):
                     if max_s[i, j] < s:
                         continue
                     if has_e and not e[i, j] <= eps:
@@ -140,6 +150,13 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
             if p_cur < 0:
                 break
             p_prev = p_cur
+            ng, xg = 0, INF  # the group's finite candidates in c order, and their smallest x
+            for c in range(n_cand):
+                if pp[c] == p_cur and x[c] < INF:
+                    group[ng] = c
+                    ng += 1
+                    if x[c] < xg:
+                        xg = x[c]
             d_max = min(K // p_cur, B)
             if fixed_d >= 0:
                 if fixed_d > d_max:
@@ -156,18 +173,14 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
                 if not (d > d_lo and d <= d_hi):
                     continue
                 flush = math.ceil(B / d) + s - 1.0
-                thr = lF if lF < bF else bF
-                nv = 0
-                for c in range(n_cand):
-                    if pp[c] == p_cur and x[c] < INF and flush * x[c] < thr:
-                        viable[nv] = c
-                        nv += 1
-                for q in range(nv):
-                    c = viable[q]
-                    work += 1
+                if not flush * xg < (lF if lF < bF else bF):
+                    continue  # no candidate of the group reaches below the best with this d
+                for q in range(ng):
+                    c = group[q]
                     xf = flush * x[c]
                     if not xf < (lF if lF < bF else bF):
                         continue
+                    work += 1
                     sync = _allreduce(cw[c], float(d), bandwidth)
                     if has_e and s > 1:
                         sync = sync + _allreduce(ct[c], 2.0, bandwidth)
