@@ -7,9 +7,11 @@ per stage count (issue 33's phase-1 screen: 95% of 68 s per architecture). This 
 same round in loops, bit for bit (the same IEEE operations in the same order, no fast-math, the same
 first-minimum tie-breaking), with two exact shortcuts:
 
-* the DP step visits only stages [i, j) with j > i that fit in HBM and pass the ε mask (every other
-  entry of the numpy form's candidate matrix is +inf, which never wins a strict-less argmin; a row
-  with no finite entry keeps argmin 0, as ``np.argmin`` of an all-inf row does);
+* the DP step visits only stages [i, j) with j > i that fit in HBM and pass the ε mask, up to the
+  largest j that fits at that position and leaves the s − 1 later stages a layer each, after a finite
+  suffix (every other entry of the numpy form's candidate matrix is +inf, which never wins a
+  strict-less argmin; a row with no finite entry keeps argmin 0, as ``np.argmin`` of an all-inf row
+  does);
 * the final candidates (first stage [0, j), m_rest, d) are visited in ``_best_d``'s order (pipeline
   width P ascending, then d ascending, then candidate index), keeping a strict-less minimum, and a
   (d, candidate) pair is skipped when its sync-free lower bound ``flush(d) · x`` is already >= the best
