@@ -140,12 +140,19 @@ def stage_path(arg, best, nt):
 def same_placement(ly, setup, fixed=None):
     """``place`` with the kernel and with the reference round: identical summaries."""
     new = place(ly, setup, fixed)
-    saved = P._linear_round
-    P._linear_round = lambda *args: reference_round(*args[:13])  # without the pruning flag
+    saved = P._linear_round_tables
+
+    def reference_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, incumbent, exact,
+                         prev):
+        valid = np.triu(np.ones(max_s.shape, bool), 1)
+        return (*reference_round(T, setup, t, s_max, m_max, nt, max_s, valid, e, eps, fixed, d_range,
+                                 incumbent), None)
+
+    P._linear_round_tables = reference_tables
     try:
         old = place(ly, setup, fixed)
     finally:
-        P._linear_round = saved
+        P._linear_round_tables = saved
     assert new.summary() == old.summary()
     return new
 
@@ -182,6 +189,32 @@ def test_round_outputs_equal_the_numpy_round(seed):
                 assert pruned[2] == old[2]
                 thr = min(incumbent, old[0][0])
                 assert (pruned[3] >= thr) == (old[3] >= thr)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_rounds_equal_full_rounds(seed):
+    """The ε rounds of one d range as ``_place_linear`` runs them: each round recomputed from scratch
+    and each round built on the previous one give the same tables (f, g, argmin) and outputs."""
+    rng = np.random.default_rng(500 + seed)
+    L, t = int(rng.integers(3, 14)), int(rng.choice([1, 2, 4]))
+    ly = chain_layers(rng, L, t, tp_prob=float(rng.uniform(0.3, 1.0)), tied=bool(seed % 2),
+                      integer=seed % 3 == 0)
+    setup = random_setup(rng, ly, "exposed")
+    T, max_s, valid, nt, s_max, m_max = round_inputs(ly, setup)
+    d_range = P._d_levels(setup, None)[-1]
+    e = np.maximum(0.0, P.allreduce_s(T.weights, d_range[1], setup.bandwidth)
+                   + P.allreduce_s(T.tied, 2, setup.bandwidth) - T.backward_before[:, None])
+    args = (T, setup, t, s_max, m_max, nt, max_s, e)
+    best, prev = INF, None
+    # ε falls as in _place_linear, and through every part of the exposures' range
+    for k, eps in enumerate([INF, *np.quantile(e[valid], [0.9, 0.7, 0.5, 0.3, 0.1, 0.0])]):
+        full = P._linear_round_tables(*args, float(eps), None, d_range, best, k == 0, None)
+        inc = P._linear_round_tables(*args, float(eps), None, d_range, best, k == 0, prev)
+        assert full[0] == inc[0] and full[2:4] == inc[2:4]
+        np.testing.assert_array_equal(full[4], inc[4])
+        for a, b in zip(full[5], inc[5]):
+            np.testing.assert_array_equal(a, b)
+        prev, best = inc[5], min(best, full[0][0])
 
 
 @pytest.mark.parametrize("sync_model", ["exposed", "paper"])

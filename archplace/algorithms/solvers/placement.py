@@ -60,6 +60,7 @@ D_LEVEL_SPREAD = 0.1      # d ranges whose AllReduce factors differ by at most t
 # pairs evaluated (placement_kernel.linear_round's ``work``); benches read it to show a speed-up is not load
 DP_STATS = {"rounds": 0, "work": 0}
 _NO_E = np.zeros((1, 1))  # the kernel's ``e`` when no exposed sync is charged
+_NO_PREV_F, _NO_PREV_ARG = np.zeros((1, 1, 1)), np.zeros((1, 1, 1), np.int64)  # no previous round
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ def _infeasible(ly: PlacementLayers, setup: TrainingSetup) -> Placement:
 
 def _linear_round(T: _StageTables, setup: TrainingSetup, t: int, s_max: int, m_max: int, nt: np.ndarray,
                   max_s: np.ndarray, valid: np.ndarray, e: np.ndarray | None, eps: float, fixed,
-                  d_range: tuple[int, int], incumbent: float = INF, exact: bool = True):
+                  d_range: tuple[int, int], incumbent: float = INF, exact: bool = True, prev=None):
     """One DP over suffixes with non-first stages of exposed sync above ``eps`` forbidden. Returns
     (best (F, s, m_rest, j, d), arg, the largest suffix exposure among the final candidates that could
     still beat ``incumbent``, the smallest F any ε could still give: min over s of flush(s)·min max-load,
@@ -410,19 +411,31 @@ def _linear_round(T: _StageTables, setup: TrainingSetup, t: int, s_max: int, m_m
     exposure of the chosen suffix; then the first stage [0, j) (unmasked: it has no window) closes each
     (m_rest, j) and ``_best_d`` picks the d. Compiled in ``placement_kernel.linear_round`` (the numpy form
     cost ~80 small array operations per s; tests/test_placement_dp_speed.py keeps it as the reference)."""
+    return _linear_round_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, incumbent,
+                                exact, prev)[:5]
+
+
+def _linear_round_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, incumbent, exact,
+                         prev):
+    """``_linear_round`` and its DP tables (f, g, arg); ``prev``, the tables of the previous round of
+    this d range, makes the round incremental (``placement_kernel.linear_round``): the caller passes it
+    only where that is exact (a smaller ε, an incumbent no larger than that round's threshold)."""
     if _kernel.numba is None:  # pragma: no cover - numba is a dependency (pyproject.toml)
         raise ImportError("the placement DP needs numba (pip install numba)")
     B = setup.microbatches
     has_e = e is not None
-    F, s, m_rest, j, d, arg, g_top, bound, x_min, work = _kernel.linear_round(
+    inc = prev is not None
+    F, s, m_rest, j, d, arg, g_top, bound, x_min, work, f, g = _kernel.linear_round(
         T.load_plain, T.load_recompute, bool(setup.recompute), max_s, nt, e if has_e else _NO_E, has_e,
         float(eps), int(s_max), int(m_max), int(t), int(B), int(setup.num_devices),
         -1 if fixed is None else int(fixed[0]), -1 if fixed is None else int(fixed[1]),
         int(d_range[0]), int(d_range[1]), float(incumbent), T.weights[0, 1:], T.tied[0, 1:],
-        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))), not exact)
+        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))), not exact,
+        prev[0] if inc else _NO_PREV_F, prev[1] if inc else _NO_PREV_F, prev[2] if inc else _NO_PREV_ARG, inc)
     DP_STATS["rounds"] += 1
     DP_STATS["work"] += int(work)
-    return (float(F), int(s), int(m_rest), int(j), int(d)), arg, float(g_top), float(bound), x_min
+    best = (float(F), int(s), int(m_rest), int(j), int(d))
+    return best, arg, float(g_top), float(bound), x_min, (f, g, arg)
 
 
 def _level_floor(x_free: np.ndarray | None, setup: TrainingSetup, d_range: tuple[int, int]) -> float:
@@ -450,10 +463,15 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
         floor = _level_floor(x_free, setup, d_range)
         if floor >= best[0]:
             continue  # no placement with d in this range can beat the best, whatever its sync
+        prev, prev_eps, prev_thr = None, INF, INF
         for _ in range(SYNC_ROUNDS if e is not None else 1):
-            cand, arg, g_top, bound, x_min = _linear_round(T, setup, t, s_max, m_max, nt, max_s, valid, e,
-                                                           eps, fixed, d_range, best[0], x_free is None)
+            # incremental on the previous round of this range only where that is exact (its docstring)
+            inc = prev is not None and eps <= prev_eps and best[0] <= prev_thr
+            cand, arg, g_top, bound, x_min, tables = _linear_round_tables(
+                T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, best[0], x_free is None,
+                prev if inc else None)
             x_free = x_min if x_free is None else x_free  # the first round has no mask
+            prev, prev_eps, prev_thr = tables, eps, min(best[0], cand[0])
             if cand[0] < best[0]:
                 best, best_arg = cand, arg
             if e is None or g_top <= SYNC_TOL * best[0] or bound >= best[0]:

@@ -41,12 +41,14 @@ def _allreduce(num_bytes, copies, bandwidth):
 
 
 def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps, s_max, m_max, t, B, K,
-                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, d_all, prune):
+                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, d_all, prune, prev_f, prev_g,
+                 prev_arg, incremental):
     """``placement._linear_round`` (see there for the meaning). ``fixed_s``/``fixed_d`` are -1 when not
     fixed; ``w0``/``tied0`` are the first stage's weights/tied bytes for [0, j), j = 1..L; ``d_all`` is
     ``_d_candidates(B, min(K, B))`` (a smaller d_max keeps the prefix of it at or below d_max).
-    Returns (F, s, m_rest, j, d, arg, g_top, bound, x_min, work): ``work`` counts DP cells and final
-    (d, candidate) pairs evaluated, the deterministic measure of the round's cost.
+    Returns (F, s, m_rest, j, d, arg, g_top, bound, x_min, work, f, g): ``work`` counts DP cells and
+    final (d, candidate) pairs evaluated, the deterministic measure of the round's cost; f and g are the
+    DP's tables, for the next round's ``prev_*``.
 
     ``prune`` drops DP states that cannot matter: a suffix of s stages with max-load v ends in final
     candidates of more than s stages, whose x >= v, so their sync-free F is at least
@@ -56,7 +58,16 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
     minimising j is never pruned: a state reached through a pruned one is pruned itself), so the best
     placement, ``g_top`` and the test ``bound >= min(incumbent, best)`` are unchanged; ``arg`` of pruned
     states, ``x_min`` and a ``bound`` at or above that threshold may differ, so the caller prunes only
-    when it needs none of those (every round but the one whose ``x_min`` it keeps)."""
+    when it needs none of those (every round but the one whose ``x_min`` it keeps).
+
+    ``incremental`` (with ``prune``) reuses the previous round of the same d range (``prev_f``,
+    ``prev_g``, ``prev_arg``: the same e, a larger ε, an incumbent no smaller than now): its forbidden
+    stages are a subset of this round's, so every value can only grow. A state whose previous argmin j
+    is still allowed and whose successor state [j, L) came out the same keeps its value, argmin and
+    exposure (the first minimum stays first: the j before it were larger and only grew); a state that
+    was +inf stays +inf (infeasible, or pruned at a threshold no smaller than this round's: its value
+    only grew). Every other state is recomputed. The tables equal those of the same round run without
+    ``incremental`` (tests/test_placement_dp_speed.py checks this), with far fewer states recomputed."""
     L = max_s.shape[0] - 1
     f = np.full((s_max + 1, m_max + 1, L + 1), INF)
     g = np.zeros((s_max + 1, m_max + 1, L + 1))
@@ -72,6 +83,7 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
     cw = np.empty(n_cand)
     ct = np.empty(n_cand)
     group = np.empty(n_cand, dtype=np.int64)
+    same = np.ones((s_max + 1, m_max + 1, L + 1), dtype=np.bool_)  # state unchanged since prev round
     work = 0
     flush_lo = math.ceil(B / d_hi)
     # hi[i, s]: the largest j with max_s[i, j] >= s (0: none); a j above it cannot fit at position s
@@ -89,8 +101,23 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
             for i in range(L + 1):
                 bv = INF
                 bjj = 0
+                reuse = False
+                if incremental:
+                    pv = prev_f[s, m, i]
+                    if pv == INF:
+                        arg[s, m, i] = 0
+                        continue  # f stays +inf, g 0: the same state
+                    jj = prev_arg[s, m, i]
+                    if not has_e or e[i, jj] <= eps:
+                        if nt[i, jj]:
+                            reuse = m >= 1 and same[s - 1, m - 1, jj]
+                        else:
+                            reuse = same[s - 1, m, jj]
+                    if reuse:
+                        bv = pv
+                        bjj = jj
                 # f[s−1] is +inf for suffixes [j, L) shorter than s − 1 layers: j <= L − s + 1
-                for j in range(i + 1, min(hi[i, s], L - s + 1) + 1):
+                for j in range(i + 1, 0 if reuse else min(hi[i, s], L - s + 1) + 1):
                     if max_s[i, j] < s:
                         continue
                     if has_e and not e[i, j] <= eps:
@@ -112,9 +139,13 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
                     if not (flush_lo + s) * bv < thr:
                         bv = INF
                         bjj = 0
+                        reuse = False
                 f[s, m, i] = bv
                 arg[s, m, i] = bjj
-                if has_e and bv < INF:
+                same[s, m, i] = reuse
+                if reuse:
+                    g[s, m, i] = prev_g[s, m, i]
+                elif has_e and bv < INF:
                     if nt[i, bjj]:
                         gc = g[s - 1, m - 1, bjj] if m >= 1 else 0.0
                     else:
@@ -207,7 +238,7 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
             bound = lo_min
         if xs_min < x_min[s]:
             x_min[s] = xs_min
-    return bF, bs, bm, bj, bd, arg, g_top, bound, x_min, work
+    return bF, bs, bm, bj, bd, arg, g_top, bound, x_min, work, f, g
 
 
 if numba is not None:
