@@ -460,7 +460,7 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
         if setup.sync_model == "exposed":  # each non-first stage's exposed sync at the range's top d
             e = np.maximum(0.0, allreduce_s(T.weights, d_range[1], setup.bandwidth)
                            + allreduce_s(T.tied, 2, setup.bandwidth) - T.backward_before[:, None])
-        floor = _level_floor(x_free, setup, d_range)
+        floor, floor_set = _level_floor(x_free, setup, d_range), x_free
         if floor >= best[0]:
             continue  # no placement with d in this range can beat the best, whatever its sync
         prev, prev_eps, prev_thr = None, INF, INF
@@ -476,8 +476,10 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
                 best, best_arg = cand, arg
             if e is None or g_top <= SYNC_TOL * best[0] or bound >= best[0]:
                 break
+            if floor_set is not x_free:  # the range's floor, once x_free is known (it never changes after)
+                floor, floor_set = _level_floor(x_free, setup, d_range), x_free
             # a placement of exposure E costs at least floor + E: E >= best - floor cannot win
-            eps = min(SYNC_STEP * g_top, best[0] - _level_floor(x_free, setup, d_range))
+            eps = min(SYNC_STEP * g_top, best[0] - floor)
     F, s, m_rest, j, d = best
     if not math.isfinite(F):
         return _infeasible(ly, setup)
