@@ -3,7 +3,8 @@ cost) against the numpy form it replaced, kept here verbatim as the reference (`
 placement.py before the kernel): every output of a round (best F, s, m_rest, j, d; the argmin table
 with its first-minimum tie-breaking; the suffix exposure g_top, the bound and the per-s max-loads);
 with pruning, what ``_place_linear`` reads of a round (best, its stages, g_top, the bound's side of the
-incumbent); and every placement ``place`` returns, bit for bit, on random chains (TMP widths with
+incumbent); incremental ε rounds against full ones (tables f, g, argmin, bit for bit); and every
+placement ``place`` returns, bit for bit, on random chains (TMP widths with
 single-device layers, tied weights, recomputation, tight HBM, fixed {p, d}, few devices), on chains of
 identical layers (ties everywhere) and on real BERT-Large layer graphs on TPUv4."""
 
