@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from . import placement_kernel as _kernel
 from .grad_sync import allreduce_s, check_sync_model, stage_sync
 
 INF = math.inf
@@ -55,6 +56,11 @@ SYNC_ROUNDS = 40          # most ε rounds of the exposed-sync DP
 SYNC_STEP = 0.8           # each round's ε: this share of the largest suffix exposure seen
 SYNC_TOL = 1e-3           # stop when a smaller suffix exposure could gain less than this share of F
 D_LEVEL_SPREAD = 0.1      # d ranges whose AllReduce factors differ by at most this share share a DP
+# deterministic work of the linear DP in this process: ε rounds run, and DP cells plus final (d, candidate)
+# pairs evaluated (placement_kernel.linear_round's ``work``); benches read it to show a speed-up is not load
+DP_STATS = {"rounds": 0, "work": 0}
+_NO_E = np.zeros((1, 1))  # the kernel's ``e`` when no exposed sync is charged
+_NO_PREV_F, _NO_PREV_ARG = np.zeros((1, 1, 1)), np.zeros((1, 1, 1), np.int64)  # no previous round
 
 
 @dataclass(frozen=True)
@@ -391,67 +397,45 @@ def _infeasible(ly: PlacementLayers, setup: TrainingSetup) -> Placement:
 
 def _linear_round(T: _StageTables, setup: TrainingSetup, t: int, s_max: int, m_max: int, nt: np.ndarray,
                   max_s: np.ndarray, valid: np.ndarray, e: np.ndarray | None, eps: float, fixed,
-                  d_range: tuple[int, int], incumbent: float = INF):
+                  d_range: tuple[int, int], incumbent: float = INF, exact: bool = True, prev=None):
     """One DP over suffixes with non-first stages of exposed sync above ``eps`` forbidden. Returns
     (best (F, s, m_rest, j, d), arg, the largest suffix exposure among the final candidates that could
-    still beat ``incumbent``, the smallest F any ε could still give: min over s of flush(s)·min max-load)."""
-    L = valid.shape[0] - 1
-    f = np.full((s_max + 1, m_max + 1, L + 1), INF)
-    g = np.zeros((s_max + 1, m_max + 1, L + 1))  # largest exposure of the chosen suffix
-    arg = np.full((s_max + 1, m_max + 1, L + 1), -1, dtype=np.int64)
-    f[0, 0, L] = 0.0
-    rows = np.arange(L + 1)
-    allowed = valid if e is None else valid & (e <= eps)
-    best = (INF, 0, 0, 0, 0)  # F, s, m_rest, j, d
-    g_top, bound = 0.0, INF
-    x_min = np.full(s_max + 1, INF)  # per number of stages: the smallest max-load of this round
+    still beat ``incumbent``, the smallest F any ε could still give: min over s of flush(s)·min max-load,
+    per s the smallest max-load x_min). ``exact=False`` lets the kernel drop DP states that cannot beat
+    ``incumbent`` (``placement_kernel.linear_round``'s ``prune``): best, arg along it and g_top stay the
+    same and the bound keeps its side of min(incumbent, best), but x_min is then not the DP's.
+
+    Per stage count s: ``f[s][m][i] = min_j max(f[s−1][m'][j], load_s[i, j])`` over the stages [i, j)
+    that fit in HBM at position s from the end and whose exposed sync is at most ``eps`` (m' = m − 1
+    when [i, j) is a single-device stage), with ``arg`` the first minimising j and ``g`` the largest
+    exposure of the chosen suffix; then the first stage [0, j) (unmasked: it has no window) closes each
+    (m_rest, j) and ``_best_d`` picks the d. Compiled in ``placement_kernel.linear_round`` (the numpy form
+    cost ~80 small array operations per s; tests/test_placement_dp_speed.py keeps it as the reference)."""
+    return _linear_round_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, incumbent,
+                                exact, prev)[:5]
+
+
+def _linear_round_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, incumbent, exact,
+                         prev):
+    """``_linear_round`` and its DP tables (f, g, arg); ``prev``, the tables of the previous round of
+    this d range, makes the round incremental (``placement_kernel.linear_round``): the caller passes it
+    only where that is exact (a smaller ε, an incumbent no larger than that round's threshold)."""
+    if _kernel.numba is None:  # pragma: no cover - numba is a dependency (pyproject.toml)
+        raise ImportError("the placement DP needs numba (pip install numba)")
     B = setup.microbatches
-    for s in range(1, s_max + 1):
-        use = T.load_recompute if (setup.recompute and s > 1) else T.load_plain
-        fits = valid & (max_s >= s)
-        load = np.where(fits & allowed, use, INF)
-        # all m at once: a single-device stage (nt) moves the suffix's count from m − 1 to m
-        prev_f = np.full((m_max + 2, L + 1), INF)
-        prev_f[1:] = f[s - 1]
-        cand = np.where(nt[None], np.maximum(prev_f[:-1, None, :], load[None]),
-                        np.maximum(f[s - 1][:, None, :], load[None]))  # (m, i, j)
-        j = np.argmin(cand, axis=2)
-        f[s] = np.take_along_axis(cand, j[:, :, None], axis=2)[:, :, 0]
-        arg[s] = j
-        if e is not None:
-            prev_g = np.zeros((m_max + 2, L + 1))
-            prev_g[1:] = g[s - 1]
-            m_idx = np.arange(m_max + 1)[:, None]
-            from_prev = nt[rows[None, :], j]  # the chosen stage is single-device: suffix at m − 1
-            gc = np.where(from_prev, prev_g[m_idx, j], g[s - 1][m_idx, j])
-            g[s] = np.where(np.isfinite(f[s]), np.maximum(gc, e[rows[None, :], j]), 0.0)
-        if fixed is not None and s != fixed[0]:
-            continue
-        # final round: the first stage [0, j) is the s-th from the end (no window: not masked); all
-        # (m_rest, j) candidates at once
-        first = np.where(fits[0, 1:], use[0, 1:], INF)
-        x = np.maximum(f[s - 1, :, 1:], first[None, :])  # (m_max + 1, L)
-        ok = np.isfinite(x)
-        if not ok.any():
-            continue
-        m_tot = np.arange(m_max + 1)[:, None] + nt[0, 1:].astype(int)[None, :]
-        per_pipe = t * (s - m_tot) + m_tot
-        suffix = g[s - 1, :, 1:] if e is not None else None
-        tile = (m_max + 1, 1)
-        F, c, d = _best_d(x.ravel(), np.tile(T.weights[0, 1:], tile).ravel(), per_pipe.ravel(), s, setup,
-                          fixed[1] if fixed else None, None if suffix is None else suffix.ravel(),
-                          np.tile(T.tied[0, 1:], tile).ravel() if e is not None else None, d_range)
-        if F < best[0]:
-            m_rest, j = divmod(c, L)
-            best = (F, s, m_rest, j + 1, d)
-        low = (math.ceil(B / d_range[1]) + s - 1) * x  # F of each candidate without any sync
-        if suffix is not None:
-            live = low < min(incumbent, best[0])
-            if live.any():
-                g_top = max(g_top, float(suffix[live].max()))
-        bound = min(bound, float(low.min()))
-        x_min[s] = min(x_min[s], float(x.min()))
-    return best, arg, g_top, bound, x_min
+    has_e = e is not None
+    inc = prev is not None
+    F, s, m_rest, j, d, arg, g_top, bound, x_min, work, f, g = _kernel.linear_round(
+        T.load_plain, T.load_recompute, bool(setup.recompute), max_s, nt, e if has_e else _NO_E, has_e,
+        float(eps), int(s_max), int(m_max), int(t), int(B), int(setup.num_devices),
+        -1 if fixed is None else int(fixed[0]), -1 if fixed is None else int(fixed[1]),
+        int(d_range[0]), int(d_range[1]), float(incumbent), T.weights[0, 1:], T.tied[0, 1:],
+        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))), not exact,
+        prev[0] if inc else _NO_PREV_F, prev[1] if inc else _NO_PREV_F, prev[2] if inc else _NO_PREV_ARG, inc)
+    DP_STATS["rounds"] += 1
+    DP_STATS["work"] += int(work)
+    best = (float(F), int(s), int(m_rest), int(j), int(d))
+    return best, arg, float(g_top), float(bound), x_min, (f, g, arg)
 
 
 def _level_floor(x_free: np.ndarray | None, setup: TrainingSetup, d_range: tuple[int, int]) -> float:
@@ -476,19 +460,26 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
         if setup.sync_model == "exposed":  # each non-first stage's exposed sync at the range's top d
             e = np.maximum(0.0, allreduce_s(T.weights, d_range[1], setup.bandwidth)
                            + allreduce_s(T.tied, 2, setup.bandwidth) - T.backward_before[:, None])
-        floor = _level_floor(x_free, setup, d_range)
+        floor, floor_set = _level_floor(x_free, setup, d_range), x_free
         if floor >= best[0]:
             continue  # no placement with d in this range can beat the best, whatever its sync
+        prev, prev_eps, prev_thr = None, INF, INF
         for _ in range(SYNC_ROUNDS if e is not None else 1):
-            cand, arg, g_top, bound, x_min = _linear_round(T, setup, t, s_max, m_max, nt, max_s, valid, e,
-                                                           eps, fixed, d_range, best[0])
+            # incremental on the previous round of this range only where that is exact (its docstring)
+            inc = prev is not None and eps <= prev_eps and best[0] <= prev_thr
+            cand, arg, g_top, bound, x_min, tables = _linear_round_tables(
+                T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_range, best[0], x_free is None,
+                prev if inc else None)
             x_free = x_min if x_free is None else x_free  # the first round has no mask
+            prev, prev_eps, prev_thr = tables, eps, min(best[0], cand[0])
             if cand[0] < best[0]:
                 best, best_arg = cand, arg
             if e is None or g_top <= SYNC_TOL * best[0] or bound >= best[0]:
                 break
+            if floor_set is not x_free:  # the range's floor, once x_free is known (it never changes after)
+                floor, floor_set = _level_floor(x_free, setup, d_range), x_free
             # a placement of exposure E costs at least floor + E: E >= best - floor cannot win
-            eps = min(SYNC_STEP * g_top, best[0] - _level_floor(x_free, setup, d_range))
+            eps = min(SYNC_STEP * g_top, best[0] - floor)
     F, s, m_rest, j, d = best
     if not math.isfinite(F):
         return _infeasible(ly, setup)
