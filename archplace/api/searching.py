@@ -74,7 +74,7 @@ class SearchRequest(Request):
     subsolves: int = 16                     # mcm: CP-SAT sub-solves per model and design (cpsat: as work)
     det_time: float = 0.25                  # mcm: CP-SAT deterministic units per sub-solve
     finetune_subsolves: int = 0             # mcm ppo-pretrained: PPO fine-tune first (0: zero-shot)
-    policy: str | None = None               # mcm ppo-*: weights (default bench/results/mcm_large_policy.npz)
+    policy: str | None = None               # mcm ppo-*: weights (default tune_configs/mcm_large_policy.npz)
 
     def settings(self):
         """The ``SearchSettings`` that define the search's results. A ``space`` file that is not valid

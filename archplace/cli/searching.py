@@ -200,7 +200,7 @@ def add_codesign_args(se) -> None:
     se.add_argument("--finetune-subsolves", type=int, default=0,
                     help="mcm ppo-pretrained: PPO fine-tune sub-solves on each problem first (0: zero-shot)")
     se.add_argument("--policy", help="mcm ppo-pretrained: the pre-trained weights "
-                                     "(default bench/results/mcm_large_policy.npz)")
+                                     "(default tune_configs/mcm_large_policy.npz)")
 
 
 def _codesign_args(args) -> dict[str, Any]:
