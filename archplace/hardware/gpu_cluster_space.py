@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,20 +139,9 @@ def load_space(path: str | dict | None = None) -> dict:
     the already-read content as a dict (what a search ships to its trials and keeps for a resume).
     Returns ``{"cluster": {field: [values]}, "training": {...}}`` with every value checked (one-line
     errors naming the field)."""
-    import yaml
+    from .space import read_space_spec
 
-    if isinstance(path, dict):
-        cfg, where = path, "gpu-cluster space"
-    else:
-        if path is None:
-            text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
-            where = DEFAULT_SPACE
-        else:
-            p = Path(path)
-            if not p.exists():
-                raise ValueError(f"gpu-cluster space file {str(p)!r} does not exist")
-            text, where = p.read_text(), str(p)
-        cfg = yaml.safe_load(text)
+    cfg, where = read_space_spec(path, DEFAULT_SPACE, "gpu-cluster space", "gpu-cluster space file")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict):
         raise ValueError(f"{where}: field 'cluster' is missing (a mapping of {list(SHAPE_FIELDS)} to lists)")
     cl = cfg["cluster"]

@@ -25,24 +25,29 @@ DEFAULT_SPACE = "phaze_table1.yaml"
 SpaceSpec = str | Path | dict | None
 
 
+def read_space_spec(spec: SpaceSpec, default_file: str, label: str, file_label: str) -> tuple[Any, str]:
+    """A space spec as every search target takes it: the already-read content (a dict, returned as is),
+    ``None`` (the packaged ``tune_configs/default_file``) or a YAML path. Returns the parsed content,
+    unchecked, and where it came from for error messages (``label`` for a dict; a missing file is
+    ``"{file_label} 'path' does not exist"``)."""
+    import yaml
+
+    if isinstance(spec, dict):
+        return spec, label
+    if spec is None:
+        text = resources.files("archplace.tune_configs").joinpath(default_file).read_text()
+        return yaml.safe_load(text), default_file
+    p = Path(spec)
+    if not p.exists():
+        raise ValueError(f"{file_label} {str(p)!r} does not exist")
+    return yaml.safe_load(p.read_text()), str(p)
+
+
 def load_space_config(path: SpaceSpec = None) -> dict[str, Any]:
     """Read and check a search space: the packaged Phaze space (``None``), a YAML file, or the
     already-read content as a dict (what a search ships to its workers, so no worker node needs the
     file)."""
-    import yaml
-
-    if isinstance(path, dict):
-        cfg, where = path, "search space"
-    else:
-        if path is None:
-            text = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text()
-            where = DEFAULT_SPACE
-        else:
-            p = Path(path)
-            if not p.exists():
-                raise ValueError(f"search-space file {str(p)!r} does not exist")
-            text, where = p.read_text(), str(p)
-        cfg = yaml.safe_load(text)
+    cfg, where = read_space_spec(path, DEFAULT_SPACE, "search space", "search-space file")
     if not isinstance(cfg, dict) or "architecture" not in cfg:
         raise ValueError(f"{where}: field 'architecture' is missing")
     arch = cfg["architecture"]

@@ -54,7 +54,6 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -74,20 +73,9 @@ DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "tune_configs" / "mcm_lar
 def load_space(spec: str | dict | None = None) -> dict[str, Any]:
     """The MCM hardware space: the packaged ``mcm_codesign.yaml`` (None), a YAML path, or its content.
     Checks every axis (one-line errors naming it) and the cost constants."""
-    import yaml
+    from ..hardware.space import read_space_spec
 
-    if isinstance(spec, dict):
-        cfg, where = spec, "mcm space"
-    else:
-        if spec is None:
-            text, where = resources.files("archplace.tune_configs").joinpath(DEFAULT_SPACE).read_text(), \
-                DEFAULT_SPACE
-        else:
-            p = Path(spec)
-            if not p.exists():
-                raise ValueError(f"--space {str(p)!r} does not exist")
-            text, where = p.read_text(), str(p)
-        cfg = yaml.safe_load(text)
+    cfg, where = read_space_spec(spec, DEFAULT_SPACE, "mcm space", "--space")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("axes"), dict):
         raise ValueError(f"{where}: field 'axes' is missing (a mapping of {list(AXES)} to value lists)")
     axes = cfg["axes"]
