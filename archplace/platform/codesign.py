@@ -494,11 +494,11 @@ def _run(target, models, store, searcher, budget, address, resume, workers, seed
         _DRIVER_OBJECTS,
         SearchInterrupted,
         _cancel_stopper,
-        _driver_key,
         _Either,
         _env,
         _Progress,
         _sigint_stops,
+        _store_callback,
         connect,
     )
 
@@ -567,7 +567,7 @@ def _run(target, models, store, searcher, budget, address, resume, workers, seed
             search_alg=alg, metric=OBJECTIVE if single else None, mode="max" if single else None,
             num_samples=-1 if searcher in ("grid", "random") else len(todo), reuse_actors=True),
             run_config=tune.RunConfig(name=f"trials-{int(time.time())}", storage_path=str(out / "tune"),
-                                      verbose=0, callbacks=[_sink_callback(_driver_key(sink))],
+                                      verbose=0, callbacks=[_store_callback(sink)],
                                       stop=_cancel_stopper(stop_when),
                                       failure_config=tune.FailureConfig(max_failures=max_failures)))
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -637,23 +637,3 @@ class _Sink:
 def _axes(points: list[dict[str, Any]]) -> dict[str, list]:
     names = list(points[0])
     return {a: list(dict.fromkeys(p[a] for p in points)) for a in names}
-
-
-def _sink_callback(key: str | None):
-    from ray.tune import Callback
-
-    class SinkCallback(Callback):
-        def __init__(self, key: str | None) -> None:
-            self.key = key
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            from archplace.platform.search import _driver_object
-
-            _driver_object(self.key).result(result)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            from archplace.platform.search import _driver_object
-
-            _driver_object(self.key).error(trial)
-
-    return SinkCallback(key)
