@@ -2,13 +2,15 @@
 best design, and does the pre-trained policy pay by amortisation?
 
     python bench/codesign.py mcm [--points 200] [--models bert-base,bert-large] [--seeds 0,1,2]
-                                 [--placers greedy+lns,cpsat,ppo-pretrained] [--sweep-s 3600]
+                                 [--placers greedy+lns,cpsat,ppo-pretrained,ppo-pretrained+ft64]
+                                 [--sweep-s 3600]
                                  [--subsolves 16] [--det-time 0.25] [--workers N] [--address ADDR]
                                  [--out FILE.json]
     python bench/codesign.py pretrain [--train-points 8] [--train-models bert-48,hf:tests/data/...]
                                       [--subsolves 640]
                                       [--points 200 --seeds 0,1,2 --models bert-base,bert-large]
                                       [--policy FILE.npz]
+    python bench/codesign.py scale [--points 200] [--placers greedy+lns] [--seed 0]
     python bench/codesign.py gpu [--points 1000] [--models bert-48,t5-3b] [--seed 0] [--workers N]
                                  [--address ADDR] [--out FILE.json]
 
@@ -19,7 +21,10 @@ models bert-base and bert-large: t5-base and opt-350m fit no package of the spac
 break the 64 MB per chiplet at every size, and the placers all start from greedy), each
 model partitioned by the placer on a deterministic budget (``--subsolves`` CP-SAT sub-solves of
 ``--det-time`` units; cpsat: the same work in one solve; ppo-pretrained: the pre-trained learned-LNS
-policy zero-shot, ``bench/results/mcm_large_policy.npz``). **Equal sweep time:** every (placer, seed) run is
+policy zero-shot, ``bench/results/mcm_large_policy.npz``, or ``--policy``; ppo-pretrained+ftN: the
+same policy fine-tuned by PPO for N sub-solves per model on each package first; ppo-untrained: the
+learning-off control, the same network with ``pretrain``'s initial weights; ``split_placer``).
+**Equal sweep time:** every (placer, seed) run is
 stopped ``--sweep-s`` seconds after it starts (the trials in flight finish; ``api.search``'s cancel), so a
 faster placer covers more packages. That cut-off is wall clock by the issue's definition of the
 comparison; everything inside a point is load-independent, so a run's rows are a prefix of the
@@ -39,6 +44,9 @@ every sweep package is held out) and ``--train-models`` (default BERT-48 and the
 config; the sweep's bert-base and bert-large are held out). ``mcm --placers ppo-pretrained --policy
 results/codesign_policy.npz`` then sweeps with it. Without ``--policy`` the sweep uses
 ``bench/mcm_large.py``'s policy (synthetic graphs on mcm-36: everything in the sweep is held out from it).
+
+**scale** (item 4): the ``--points`` sweep with the first of ``--placers`` on the embedded Ray and through
+``--address`` on a local two-node cluster, every row compared (``run_scale``).
 
 **gpu.** ``archplace search --target gpu-cluster`` (random, ``--points`` shapes) through the same platform
 path; the GPU-cluster sweep in plain Ray tasks is ``bench/codesign_gpu.py``.
@@ -98,6 +106,35 @@ def hypervolume(points: list[tuple[float, float]], tp_norm: float, cost_ref: flo
     return area
 
 
+def untrained_path(policy: Path) -> Path:
+    """Where ``pretrain`` writes the initial weights of the policy it trains (the learning-off control)."""
+    return policy.with_name(policy.stem + "_untrained" + policy.suffix)
+
+
+def split_placer(name: str) -> tuple[str, int]:
+    """``ppo-pretrained+ftN`` is the pre-trained policy fine-tuned by PPO for N sub-solves per model and
+    package before its search (``--finetune-subsolves N``); ``ppo-untrained`` is ppo-pretrained with the
+    pre-trained policy's initial weights (``untrained_path``: learning switched off); every other name is
+    the placer itself."""
+    if name == "ppo-untrained":
+        return "ppo-pretrained", 0
+    if "+ft" in name:
+        base, n = name.split("+ft", 1)
+        if base != "ppo-pretrained" or not n.isdigit():
+            raise SystemExit(f"--placers: {name!r}: +ftN applies to ppo-pretrained, N an integer")
+        return base, int(n)
+    return name, 0
+
+
+def policy_for(placer: str, policy: str | None) -> str | None:
+    if placer != "ppo-untrained":
+        return policy
+    if policy is None:
+        raise SystemExit("--placers ppo-untrained needs --policy (a policy `pretrain` wrote, beside its "
+                         "_untrained weights)")
+    return str(untrained_path(Path(policy)))
+
+
 def run_mcm(args) -> dict:
     from archplace import api
     from archplace.hardware.chiplet_cost import CostParams, package_cost
@@ -137,12 +174,14 @@ def run_mcm(args) -> dict:
             timer = threading.Timer(args.sweep_s, cancel.set)
             t0 = time.time()
             timer.start()
+            base, ft = split_placer(placer)
             try:
                 res = api.search(api.SearchRequest(
                     models=tuple(args.models), target="mcm", out_dir=str(out), searcher="random",
-                    budget=args.points, seed=seed, placer=placer, subsolves=args.subsolves,
+                    budget=args.points, seed=seed, placer=base, subsolves=args.subsolves,
                     det_time=args.det_time, workers=args.workers, address=args.address, space=args.space,
-                    policy=args.policy if placer.startswith("ppo") else None),
+                    policy=policy_for(placer, args.policy) if base.startswith("ppo") else None,
+                    finetune_subsolves=ft),
                     cancel=cancel)
             finally:
                 timer.cancel()
@@ -173,8 +212,34 @@ def run_mcm(args) -> dict:
                          "best_found_after_s": [r["best"]["found_after_s"] if r["best"] else None
                                                 for r in rs]}
     overall = max(((r["best"]["per_kusd"], n) for n, r in runs.items() if r["best"]), default=None)
-    return {"runs": runs, "table": table, "tp_norm": tp_norm, "cost_ref_usd": cost_ref,
+    seeds = {}
+    for seed in args.seeds:
+        # the seed's best design over every placer's run, and who reached it (within 0.01%) how soon
+        bests = {p: runs[f"{p}-s{seed}"]["best"] for p in args.placers}
+        top = max((b["per_kusd"] for b in bests.values() if b), default=0.0)
+        reached = {p: round(b["found_after_s"], 1) for p, b in bests.items()
+                   if b and b["per_kusd"] >= top * (1 - 1e-4)}
+        seeds[str(seed)] = {"best_per_kusd": top, "reached_by": reached}
+    for placer in args.placers:
+        table[placer]["reached_seed_best"] = sum(placer in v["reached_by"] for v in seeds.values())
+        table[placer]["quality_vs_first_placer"] = quality(runs_dir, placer, args.placers[0], args.seeds)
+    return {"runs": runs, "table": table, "seeds": seeds, "tp_norm": tp_norm, "cost_ref_usd": cost_ref,
             "best_overall": None if overall is None else {"per_kusd": overall[0], "run": overall[1]}}
+
+
+def quality(runs_dir: Path, placer: str, ref: str, seeds: list[int]) -> dict:
+    """Placement quality apart from coverage: on the packages that both ``placer``'s and ``ref``'s run of a
+    seed covered and found feasible, the geomean of the average-throughput ratio placer / ref, and how
+    many packages it was higher, equal, lower."""
+    ratios = []
+    for seed in seeds:
+        a = {d["arch_key"]: d for d in designs(runs_dir / f"{placer}-s{seed}") if d["ok"]}
+        b = {d["arch_key"]: d for d in designs(runs_dir / f"{ref}-s{seed}") if d["ok"]}
+        ratios += [a[k]["throughput_avg"] / b[k]["throughput_avg"] for k in sorted(set(a) & set(b))]
+    r = np.array(ratios)
+    return {"packages": int(r.size), "geomean": float(np.exp(np.log(r).mean())) if r.size else None,
+            "higher": int((r > 1 + 1e-9).sum()), "equal": int((abs(r - 1) <= 1e-9).sum()),
+            "lower": int((r < 1 - 1e-9).sum())}
 
 
 def plot_mcm(path: Path, result: dict, seed: int) -> None:
@@ -243,13 +308,74 @@ def run_pretrain(args) -> dict:
                          "partition")
     connect(args.address)
     t0 = time.time()
-    _, final, info = train_hint_policy(problems, args.subsolves, seed=args.seed, det_time=args.det_time)
+    init, final, info = train_hint_policy(problems, args.subsolves, seed=args.seed, det_time=args.det_time)
     out = Path(args.policy or RESULTS / "codesign_policy.npz")
     save_state(out, final, problems=names, subsolves=info["subsolves"], seed=args.seed,
                det_time=args.det_time, held_out_models=args.models, swept_seeds=args.seeds)
-    return {"policy": str(out), "problems": names, "wall_s": time.time() - t0,
+    # the learning-off control (``--placers ppo-untrained``): the same network before any update
+    save_state(untrained_path(out), init, problems=names, subsolves=0, seed=args.seed, det_time=args.det_time)
+    return {"policy": str(out), "untrained_policy": str(untrained_path(out)), "problems": names,
+            "wall_s": time.time() - t0,
             **{k: v for k, v in info.items() if k != "episode_return_mean"},
             "episode_return_mean": info["episode_return_mean"]}
+
+
+def run_scale(args) -> dict:
+    """Issue 32 item 4: the same ``--points`` MCM sweep (``--placers``' first, ``--seed``, no time cut) on
+    the embedded Ray and through ``--address`` on a two-node ``ray start`` cluster on 127.0.0.1 (token
+    auth on; ``tests/cluster_util.two_node_cluster``, one CPU per node so both runs have two trials in
+    flight), then every row compared: package, model, throughput, partition and sub-solves."""
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    from archplace import api
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from cluster_util import two_node_cluster
+
+    placer = args.placers[0]
+    base, ft = split_placer(placer)
+    runs_dir = Path(args.runs_dir)
+    flags = ["--target", "mcm", "--searcher", "random", "--budget", str(args.points),
+             "--seed", str(args.seed), "--placer", base, "--subsolves", str(args.subsolves),
+             "--det-time", str(args.det_time), "--finetune-subsolves", str(ft)]
+    res = {}
+    for where in ("embedded", "cluster"):
+        out = runs_dir / f"scale-{placer}-s{args.seed}-{where}"
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        t0 = time.time()
+        if where == "embedded":
+            r = api.search(api.SearchRequest(models=tuple(args.models), target="mcm", out_dir=str(out),
+                                             searcher="random", budget=args.points, seed=args.seed,
+                                             placer=base, subsolves=args.subsolves, det_time=args.det_time,
+                                             finetune_subsolves=ft, workers=2)).to_dict()
+            import ray
+
+            ray.shutdown()
+        else:
+            with two_node_cluster(runs_dir / "scale-cluster", head_cpus=1, worker_cpus=1) as c:
+                argv = [sys.executable, "-m", "archplace.cli", "search", *args.models, *flags,
+                        "--address", c.gcs_address, "--out", str(out), "--json"]
+                done = subprocess.run(argv, cwd=REPO, env={**c.env, "PYTHONPATH": str(REPO)},
+                                      capture_output=True, text=True, timeout=6 * 3600)
+                if done.returncode:
+                    raise SystemExit(f"cluster run failed:\n{done.stderr[-4000:]}")
+                r = json.loads(done.stdout)
+                nodes = len(c.list_nodes())
+        rows = pq.read_table(out / "evaluations.parquet").to_pylist()
+        res[where] = {"wall_s": time.time() - t0, "evaluated": r["evaluated"], "rows": len(rows),
+                      "best": (r.get("common") or {}).get("arch_key"), "pareto": r.get("pareto"),
+                      "table": {f"{x['arch_key']}|{x['model']}": (x["throughput"], x["partition_json"],
+                                                                  x["subsolves"], x["status"]) for x in rows}}
+    a, b = res["embedded"].pop("table"), res["cluster"].pop("table")
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return {"placer": placer, "seed": args.seed, "points": args.points, "models": args.models,
+            "cluster_nodes": nodes, **res, "rows_compared": len(set(a) | set(b)), "rows_differ": differ,
+            "identical": not differ and res["embedded"]["pareto"] == res["cluster"]["pareto"]}
 
 
 def run_gpu(args) -> dict:
@@ -267,7 +393,7 @@ def run_gpu(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("mcm", "pretrain", "gpu"))
+    ap.add_argument("what", choices=("mcm", "pretrain", "scale", "gpu"))
     ap.add_argument("--policy", help="mcm: ppo-* weights (default bench/results/mcm_large_policy.npz); "
                                      "pretrain: where to write them (default results/codesign_policy.npz)")
     ap.add_argument("--train-points", type=int, default=8, help="pretrain: packages of the training set")
@@ -288,7 +414,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     load = tuple(__import__("os").getloadavg())
-    if args.what in ("mcm", "pretrain"):
+    if args.what in ("mcm", "pretrain", "scale"):
         args.points = args.points or 200
         args.models = (args.models or "bert-base,bert-large").split(",")
         args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -301,6 +427,11 @@ def main(argv=None) -> int:
         result = run_pretrain(args)
         print(f"trained on {len(result['problems'])} problems, {result['subsolves']} sub-solves, "
               f"{result['wall_s']:.0f} s: {result['policy']}")
+    elif args.what == "scale":
+        out = Path(args.out or RESULTS / "codesign_mcm_scale.json")
+        result = run_scale(args)
+        print(f"{result['rows_compared']} rows, {len(result['rows_differ'])} differ; embedded "
+              f"{result['embedded']['wall_s']:.0f} s, 2-node cluster {result['cluster']['wall_s']:.0f} s")
     elif args.what == "mcm":
         out = Path(args.out or RESULTS / "codesign_mcm.json")
         result = run_mcm(args)
@@ -309,7 +440,9 @@ def main(argv=None) -> int:
             print(f"{placer:16s} covered {row['covered_mean']:.0f}  "
                   f"hypervolume {row['hypervolume_mean']:.4f}  "
                   f"best per k$ {[round(x, 1) for x in row['best_per_kusd']]}  found after "
-                  f"{[None if s is None else round(s) for s in row['best_found_after_s']]} s")
+                  f"{[None if s is None else round(s) for s in row['best_found_after_s']]} s; reached the "
+                  f"seed's best {row['reached_seed_best']}/{len(args.seeds)}; vs {args.placers[0]} on shared "
+                  f"packages {row['quality_vs_first_placer']}")
     else:
         args.points = args.points or 1000
         args.models = (args.models or "bert-48,t5-3b").split(",")
