@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -172,7 +173,7 @@ def run_mcm(args) -> dict:
                 shutil.rmtree(out)
             cancel = threading.Event()
             timer = threading.Timer(args.sweep_s, cancel.set)
-            t0 = time.time()
+            t0, load0 = time.time(), list(os.getloadavg())
             timer.start()
             base, ft = split_placer(placer)
             try:
@@ -190,6 +191,7 @@ def run_mcm(args) -> dict:
             ok = [d for d in ds if d["ok"]]
             best = max(ok, key=lambda d: d["per_kusd"]) if ok else None
             run = {"settings": settings, "covered": len(ds), "feasible": len(ok), "wall_s": wall,
+                   "loadavg_before": load0, "loadavg_after": list(os.getloadavg()),
                    "cancelled": bool(res.stats.get("cancelled")),
                    "best": None if best is None else {**best, "found_after_s": best["finished_at"] - t0},
                    "front": [(d["throughput_avg"], d["cost_usd"]) for d in ok]}
@@ -413,7 +415,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-dir")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    load = tuple(__import__("os").getloadavg())
+    load = tuple(os.getloadavg())
     if args.what in ("mcm", "pretrain", "scale"):
         args.points = args.points or 200
         args.models = (args.models or "bert-base,bert-large").split(",")
