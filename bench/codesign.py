@@ -342,9 +342,15 @@ def run_scale(args) -> dict:
     flags = ["--target", "mcm", "--searcher", "random", "--budget", str(args.points),
              "--seed", str(args.seed), "--placer", base, "--subsolves", str(args.subsolves),
              "--det-time", str(args.det_time), "--finetune-subsolves", str(ft)]
-    res = {}
+    res, nodes = {}, 0
     for where in ("embedded", "cluster"):
         out = runs_dir / f"scale-{placer}-s{args.seed}-{where}"
+        marker = out / "scale_run.json"
+        settings = {"flags": flags, "models": args.models, "code_version": code_version(*CODE)}
+        if marker.exists() and json.loads(marker.read_text())["settings"] == settings:
+            res[where] = json.loads(marker.read_text())["result"]   # a finished run of the same code
+            print(f"{where}: kept", flush=True)
+            continue
         if out.exists():
             import shutil
 
@@ -371,12 +377,14 @@ def run_scale(args) -> dict:
         rows = pq.read_table(out / "evaluations.parquet").to_pylist()
         res[where] = {"wall_s": time.time() - t0, "evaluated": r["evaluated"], "rows": len(rows),
                       "best": (r.get("common") or {}).get("arch_key"), "pareto": r.get("pareto"),
-                      "table": {f"{x['arch_key']}|{x['model']}": (x["throughput"], x["partition_json"],
-                                                                  x["subsolves"], x["status"]) for x in rows}}
+                      "nodes": nodes if where == "cluster" else 1,
+                      "table": {f"{x['arch_key']}|{x['model']}": [x["throughput"], x["partition_json"],
+                                                                  x["subsolves"], x["status"]] for x in rows}}
+        marker.write_text(json.dumps({"settings": settings, "result": res[where]}))
     a, b = res["embedded"].pop("table"), res["cluster"].pop("table")
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return {"placer": placer, "seed": args.seed, "points": args.points, "models": args.models,
-            "cluster_nodes": nodes, **res, "rows_compared": len(set(a) | set(b)), "rows_differ": differ,
+    return {"placer": placer, "seed": args.seed, "points": args.points, "models": args.models, **res,
+            "rows_compared": len(set(a) | set(b)), "rows_differ": differ,
             "identical": not differ and res["embedded"]["pareto"] == res["cluster"]["pareto"]}
 
 

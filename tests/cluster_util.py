@@ -47,8 +47,10 @@ import psutil  # a Ray dependency
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Variables that would point a child process at another cluster or another token.
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: a process that ran an embedded search has it at "0"
+# (platform.search), and a worker's `ray start` then refuses to join ("not supported on Windows and OSX")
 _SCRUBBED_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_JOB_ID",
-                 "RAY_NODE_ID", "RAY_RAYLET_PID")
+                 "RAY_NODE_ID", "RAY_RAYLET_PID", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 
 
 def ray_executable() -> str | None:
