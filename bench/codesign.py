@@ -191,7 +191,8 @@ def run_mcm(args) -> dict:
             ok = [d for d in ds if d["ok"]]
             best = max(ok, key=lambda d: d["per_kusd"]) if ok else None
             run = {"settings": settings, "covered": len(ds), "feasible": len(ok), "wall_s": wall,
-                   "loadavg_before": load0, "loadavg_after": list(os.getloadavg()),
+                   "loadavg_before": load0, "loadavg_after": list(os.getloadavg()), **git_state(),
+                   "command": command(),
                    "cancelled": bool(res.stats.get("cancelled")),
                    "best": None if best is None else {**best, "found_after_s": best["finished_at"] - t0},
                    "front": [(d["throughput_avg"], d["cost_usd"]) for d in ok]}
@@ -380,7 +381,8 @@ def run_scale(args) -> dict:
                       "nodes": nodes if where == "cluster" else 1,
                       "table": {f"{x['arch_key']}|{x['model']}": [x["throughput"], x["partition_json"],
                                                                   x["subsolves"], x["status"]] for x in rows}}
-        marker.write_text(json.dumps({"settings": settings, "result": res[where]}))
+        marker.write_text(json.dumps({"settings": settings, "result": res[where], **git_state(),
+                                      "command": command()}))
     a, b = res["embedded"].pop("table"), res["cluster"].pop("table")
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return {"placer": placer, "seed": args.seed, "points": args.points, "models": args.models, **res,
