@@ -17,10 +17,9 @@ pytestmark = pytest.mark.slow
 
 def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, tmp_path, capsys):
     out = tmp_path / "sweep"
-    # one trial at a time with seeded draws: ASHA's rung decisions do not depend on timing. Grace 1 and
-    # reduction factor 2 put rungs at iterations 1, 2 and 4 for 5 iterations as for 6 (the trials stopped
-    # at rung 4 are the same), so the survivors' sixth iteration bought nothing; 4 would drop rung 4,
-    # and then no trial stops (seen: all four ran to 4)
+    # one trial at a time (the limit must reach the seeded generator: Tune drops max_concurrent_trials
+    # beside one, and two concurrent trials made the rung decisions depend on which reported first)
+    # with seeded draws. Grace 1 and reduction factor 2 put rungs at iterations 1, 2 and 4
     rc = main(["tune-rl", "pipeline", "--scheduler", "asha", "--samples", "4", "--iterations", "5",
                "--model", "bert-base", "--cluster", "A", "--max-concurrent", "1", "--out", str(out),
                "--json"])
@@ -31,6 +30,10 @@ def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, t
     assert res["trials"] == len(rows) == 4 and not any(r["error"] for r in rows)
     # ASHA (grace 1 iteration, reduction factor 2) stops the worse trials at its rungs
     assert res["stopped_early"] >= 1 and sum(r["iterations"] < 5 for r in rows) == res["stopped_early"]
+    # in trial order: trial 1's first return (0.2098) is below trial 0's (0.2230), the rung-1 median, so
+    # ASHA stops it there; trials 2 and 3 clear every rung
+    by_id = sorted(rows, key=lambda r: r["trial_id"])
+    assert [r["iterations"] for r in by_id] == [5, 1, 5, 5] and res["stopped_early"] == 1
     assert max(r["iterations"] for r in rows) == 5
     best = yaml.safe_load((out / "best_config.yaml").read_text())
     assert set(best) == {"dqn"} and set(best["dqn"]) == {"lr", "gamma", "training_intensity", "num_atoms"}

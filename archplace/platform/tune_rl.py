@@ -138,9 +138,11 @@ def tune_rl(
             mode="max",
             scheduler=sched,
             num_samples=samples,
-            max_concurrent_trials=max_concurrent,
-            # seeded draws, so a sweep (and its test) is reproducible
-            search_alg=BasicVariantGenerator(random_state=seed),
+            # seeded draws, so a sweep (and its test) is reproducible. The limit goes to the generator
+            # itself: Tune ignores ``max_concurrent_trials`` (with only a log warning) when it is given
+            # a SearchGenerator such as BasicVariantGenerator, and ASHA's rung decisions then depend on
+            # which of the concurrent trials reports first
+            search_alg=BasicVariantGenerator(random_state=seed, max_concurrent=max_concurrent or 0),
         ),
         run_config=tune.RunConfig(
             name="trials", storage_path=str(out / "tune"), verbose=0, stop={"training_iteration": iterations}
@@ -163,7 +165,10 @@ def tune_rl(
                 "error": str(r.error).splitlines()[0][:300] if r.error else "",
             }
         )
-    table = pd.DataFrame(rows).sort_values("last", ascending=False, na_position="last")
+    # ties (seeded trials whose configs differ only where it has not mattered yet) go to the first trial
+    table = pd.DataFrame(rows).sort_values(
+        ["last", "trial_id"], ascending=[False, True], na_position="last", kind="stable"
+    )
     table.to_parquet(out / "trials.parquet", index=False)
     ok = table[table["error"] == ""]
     if ok.empty:
