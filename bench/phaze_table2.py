@@ -445,12 +445,12 @@ def prune_estimate(args, space_cfg, space) -> dict:
             t1 = time.perf_counter()
             b = throughput_bounds(space, s, graphs)[s.models[0]]
             bound_s = time.perf_counter() - t1
-            secs: list[float] = []
+            secs: dict[int, float] = {}
 
             def ev(i: int, s=s, graphs=graphs, secs=secs) -> dict:
                 t = time.perf_counter()
                 r = evaluate_sequential(space.accelerator(i).to_dict(), s, graphs)["rows"][0]
-                secs.append(time.perf_counter() - t)
+                secs[i] = time.perf_counter() - t
                 return {"m": tp(r)}
 
             res = screen_in_bound_order(ev, {"m": b}, args.top_k, budget=args.prune_estimate, first=sample)
@@ -461,8 +461,11 @@ def prune_estimate(args, space_cfg, space) -> dict:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = np.where(b[ev_idx] > 0, v[ev_idx] / b[ev_idx], 0.0)
             top = sorted(ev_idx, key=lambda i: (-v[i], i))[:args.top_k]
-            per = float(np.mean(secs)) if secs else math.nan
+            per = float(np.mean(list(secs.values()))) if secs else math.nan
+            rnd = [secs[i] for i in sample if i in secs]
+            per_random = float(np.mean(rnd)) if rnd else per   # what the full screen costs an architecture
             work = len(res["order"]) if res["complete"] else n - sure
+            spent = float(sum(secs.values()))
             row = {"architectures": n, "evaluated": len(res["order"]), "complete": res["complete"],
                    "random_sample": len(sample), "budget": args.prune_estimate,
                    "kth_best": thr, "pruned_for_sure": sure, "pruned_share_at_least": sure / n,
@@ -471,16 +474,47 @@ def prune_estimate(args, space_cfg, space) -> dict:
                                         "top_k_min": float(min(v[i] / b[i] for i in top)) if top else None,
                                         "top_k_max": float(max(v[i] / b[i] for i in top)) if top else None},
                    "bound_violations": int((ratio > 1).sum()),
-                   "graphs_s": t1 - t0, "bound_s": bound_s, "per_arch_s": per, "loadavg": os.getloadavg(),
-                   "projected_phase1_cpu_s": {"pruned": bound_s + work * per, "full": n * per}}
+                   "graphs_s": t1 - t0, "bound_s": bound_s, "per_arch_s": per,
+                   "per_arch_s_random": per_random, "loadavg": os.getloadavg(),
+                   # pruned: the bound, what ran, and (budget stopped it) the rest at the mean cost so far
+                   "projected_phase1_cpu_s": {"pruned": bound_s + spent + (work - len(secs)) * per,
+                                              "full": n * per_random}}
             out.setdefault(variant, {})[w] = row
             print(f"[{variant}] {w:14s} evaluated {row['evaluated']} (complete {row['complete']}), pruned "
                   f">= {sure}/{n} ({sure / n:.1%}); bound {bound_s:.0f} s, {per:.3f} s/arch; value/bound max "
                   f"{row['value_over_bound']['max']:.3f}; phase 1 "
                   f"{row['projected_phase1_cpu_s']['pruned'] / 3600:.2f} CPU-h vs "
-                  f"{n * per / 3600:.2f} CPU-h full",
+                  f"{n * per_random / 3600:.2f} CPU-h full",
                   flush=True)
-    return out
+    return {"runs": out, "projection": project_all(out, n)}
+
+
+def project_all(runs: dict, n: int) -> dict:
+    """Phase-1 CPU-hours of all 8 workloads x 4 variants, with pruning and without: a measured pair
+    where ``runs`` has it; otherwise the per-architecture cost of ``phaze_table2_cost.json`` (variant
+    default, measured at its own load) times the architectures, with this workload's pruned share from
+    another variant where one was measured ("extrapolated") and no pruning at all where none was
+    ("not measured": the pruned total is then an over-estimate)."""
+    cost_file = Path(__file__).parent / "results" / "phaze_table2_cost.json"
+    cost = json.loads(cost_file.read_text())["measured_phase1_cost"] if cost_file.exists() else {}
+    rows, tot = {}, {"pruned_cpu_h": 0.0, "full_cpu_h": 0.0}
+    for v in VARIANTS:
+        for w in WORKLOADS:
+            r = runs.get(v, {}).get(w)
+            if r is not None:
+                e = {"how": "measured", "pruned_cpu_h": r["projected_phase1_cpu_s"]["pruned"] / 3600,
+                     "full_cpu_h": r["projected_phase1_cpu_s"]["full"] / 3600}
+            else:
+                per = cost.get(w, {}).get("per_arch_s", math.nan)
+                shares = [runs[u][w]["screened_at_most"] / runs[u][w]["architectures"]
+                          for u in runs if w in runs[u]]
+                keep = max(shares) if shares else 1.0
+                e = {"how": "extrapolated" if shares else "not measured", "full_cpu_h": n * per / 3600,
+                     "pruned_cpu_h": n * per * keep / 3600}
+            rows[f"{v}/{w}"] = e
+            tot["pruned_cpu_h"] += e["pruned_cpu_h"]
+            tot["full_cpu_h"] += e["full_cpu_h"]
+    return {"per_variant_workload": rows, "total": tot}
 
 
 def main() -> int:

@@ -24,7 +24,8 @@ per-layer times fw_l, bw_l (the same ``latency_components`` all-cores latencies,
   backward chains only add waits for transfers; recomputation only adds a forward), and a stage that
   does not start the chain waits for its input edge and one that does not end it for its output
   gradient: so sum_k load_k >= T + 2 (s - 1) e_min (T = sum of fw + bw, e_min the cheapest chain
-  edge's transfer) and max_k load_k >= x_s = max((T + 2 (s - 1) e_min) / s, max_l (fw_l + bw_l));
+  edge's transfer) and max_k load_k >= x_s = max((T + 2 (s - 1) e_min) / s, max_l (fw_l + bw_l) + e_min
+  [s > 1]) (with two stages or more, the stage holding any layer has an input or an output edge);
 * a pipeline holds at least s devices (t per stage that has a TMP-sliced layer, 1 per other stage),
   so d <= d_max(s) = min(B, K // min devices per pipeline) and d is one of ``_d_candidates`` (the
   smallest d of each ceil(B/d): among the d sharing a ceil(B/d), the sync below grows with d);
@@ -34,8 +35,10 @@ per-layer times fw_l, bw_l (the same ``latency_components`` all-cores latencies,
   c_d = 4 (d - 1) / (d * link_bw) (eq. 18), W_k the stage's weight bytes and Q(f_k) the backward time
   of the layers before its first layer f_k (0 for the first stage). The stage holding layer j starts at
   some i <= j, so max_k exposed_k >= max_j min_{i<=j} (c_d (Wc[j+1] - Wc[i]) - Q[i]) (prefix sums Wc,
-  a running maximum); and the mean over the s stages gives max_k exposed_k >= (c_d W - sum of the s - 1
-  largest Q[1..L-1]) / s. ``sync_model="paper"`` charges the first stage's sync only, >= c_d w_0 (the
+  a running maximum); the mean over the s stages gives max_k exposed_k >= (c_d W + a_2 tied - sum of the
+  s - 1 largest Q[1..L-1]) / s; and the first stage holds layer 0 with no window: >= c_d w_0 + a_2 tied_0.
+  (a_2 tied: the tied weights' AllReduce between their 2 stages, ``grad_sync.stage_sync``, for s > 1.)
+  ``sync_model="paper"`` charges the first stage's sync only, >= c_d w_0 (the
   first stage of a chain holds layer 0).
 
 So F >= min over s in [s_min, min(L, K)] and candidate d <= d_max(s) of (ceil(B/d) + s - 1) x_s + E(s, d),
@@ -74,6 +77,7 @@ class _Case:
     ops: Any                  # simulators.latency.UniqueOps
     tmp: int
     weights: np.ndarray       # (L,) per-device weight bytes
+    tied: np.ndarray          # (L,) bytes of each layer's weights tied with another layer
     e_min_s: float            # cheapest chain edge transfer (s); 0 for a general graph
     s_min: int
     s_max: int
@@ -118,8 +122,8 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
         min_dev = ly.tmp * s - (ly.tmp - 1) * m
     else:
         min_dev = s.copy()
-    return _Case(mbs, t, fw_count, bw_count, ops, tmp, np.asarray(ly.weight_bytes, float), e_min, s_min,
-                 s_max, min_dev, linear)
+    return _Case(mbs, t, fw_count, bw_count, ops, tmp, np.asarray(ly.weight_bytes, float),
+                 np.asarray(ly.tied_bytes, float), e_min, s_min, s_max, min_dev, linear)
 
 
 def _case_bound(a, case: _Case, settings) -> np.ndarray:
@@ -135,7 +139,9 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
     T = (fw + bw).sum(axis=1)
     lmax = (fw + bw).max(axis=1)
     s = np.arange(case.s_min, case.s_max + 1, dtype=float)
-    x = np.maximum((T[:, None] + 2 * (s[None, :] - 1) * case.e_min_s) / s[None, :], lmax[:, None])  # (A, S)
+    multi = (s > 1).astype(float)                                                           # (S,)
+    x = np.maximum((T[:, None] + 2 * (s[None, :] - 1) * case.e_min_s) / s[None, :],
+                   lmax[:, None] + multi[None, :] * case.e_min_s)                           # (A, S)
     dc = _d_candidates(B, max(1, min(K, B))).astype(float)                                   # (D,)
     d_max = np.minimum(B, K // case.min_devices)                                            # (S,)
     ok = dc[None, :] <= d_max[:, None]                                                      # (S, D)
@@ -155,8 +161,13 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
         # the mean over the stages: (c W - the s - 1 largest Q[1..L-1]) / s
         top = np.concatenate([np.zeros((A, 1)), np.cumsum(Q[:, L - 1:0:-1], axis=1)], axis=1)  # (A, L)
         r = (s - 1).astype(int)
-        e_avg = (c[None, None, :] * Wc[-1] - top[:, r][:, :, None]) / s[None, :, None]      # (A, S, D)
-        E = np.maximum(np.maximum(e_layer[:, None, :], e_avg), 0.0)
+        tied2 = 2.0 / bw_link * multi                  # allreduce over the 2 tied stages (s > 1 only)
+        e_avg = (c[None, None, :] * Wc[-1] + (tied2 * case.tied.sum())[None, :, None]
+                 - top[:, r][:, :, None]) / s[None, :, None]                                # (A, S, D)
+        # the first stage (window 0) holds layer 0: its weights and, with s > 1, its tied bytes
+        e_first = c[None, :] * case.weights[0] + (tied2 * case.tied[0])[:, None]           # (S, D)
+        E = np.maximum(np.maximum(e_layer[:, None, :], e_avg), e_first[None])
+        E = np.maximum(E, 0.0)
     else:
         E = np.zeros((1, 1, 1))
     F = flush[None] * x[:, :, None] + E
