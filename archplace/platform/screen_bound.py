@@ -24,8 +24,9 @@ per-layer times fw_l, bw_l (the same ``latency_components`` all-cores latencies,
   backward chains only add waits for transfers; recomputation only adds a forward), and a stage that
   does not start the chain waits for its input edge and one that does not end it for its output
   gradient: so sum_k load_k >= T + 2 (s - 1) e_min (T = sum of fw + bw, e_min the cheapest chain
-  edge's transfer) and max_k load_k >= x_s = max((T + 2 (s - 1) e_min) / s, max_l (fw_l + bw_l) + e_min
-  [s > 1]) (with two stages or more, the stage holding any layer has an input or an output edge);
+  edge's transfer) and max_k load_k >= x_s = max((T + 2 (s - 1) e_min) / s, max_r ceil(r/s) h_r + e_min
+  [s > 1]), h_r the r-th heaviest layer's fw + bw (some stage holds ceil(r/s) of the r heaviest layers,
+  and with two stages or more every stage has an input or an output edge);
 * a pipeline holds at least s devices (t per stage that has a TMP-sliced layer, 1 per other stage),
   so d <= d_max(s) = min(B, K // min devices per pipeline) and d is one of ``_d_candidates`` (the
   smallest d of each ceil(B/d): among the d sharing a ceil(B/d), the sync below grows with d);
@@ -137,11 +138,14 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
     fw, bw = lat @ case.fw_count, lat @ case.bw_count                                      # (A, L)
     A, L = fw.shape
     T = (fw + bw).sum(axis=1)
-    lmax = (fw + bw).max(axis=1)
     s = np.arange(case.s_min, case.s_max + 1, dtype=float)
     multi = (s > 1).astype(float)                                                           # (S,)
+    # pigeonhole: of the r heaviest layers some stage holds ceil(r/s), each at least the r-th heaviest
+    srt = -np.sort(-(fw + bw), axis=1)                                                      # (A, L)
+    per = np.ceil(np.arange(1, L + 1)[None, :] / s[:, None])                                # (S, L)
+    pig = (per[None] * srt[:, None, :]).max(axis=2)                                         # (A, S)
     x = np.maximum((T[:, None] + 2 * (s[None, :] - 1) * case.e_min_s) / s[None, :],
-                   lmax[:, None] + multi[None, :] * case.e_min_s)                           # (A, S)
+                   pig + multi[None, :] * case.e_min_s)                                     # (A, S)
     dc = _d_candidates(B, max(1, min(K, B))).astype(float)                                   # (D,)
     d_max = np.minimum(B, K // case.min_devices)                                            # (S,)
     ok = dc[None, :] <= d_max[:, None]                                                      # (S, D)
