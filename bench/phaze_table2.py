@@ -186,7 +186,7 @@ def common_prune(args, names, dirs, ss, p1, n: int) -> dict:
         if not len(need):
             break
         rounds += 1
-        batch = need[:max(args.archs_per_task, 2 * args.top_k)]
+        batch = need[:max(4 * args.archs_per_task, 2 * args.top_k)]   # a few tasks per run_screen call
         screen_more(args, names, dirs, ss, p1, {w: [i for i in batch if np.isnan(V[k, i])]
                                                 for k, w in enumerate(names)})
     return {"rounds": rounds, "threshold": kth_best(exact, args.top_k),

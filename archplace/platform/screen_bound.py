@@ -22,11 +22,11 @@ per-layer times fw_l, bw_l (the same ``latency_components`` all-cores latencies,
 
 * the stages partition the layers and a stage's load is at least its layers' fw + bw (the forward and
   backward chains only add waits for transfers; recomputation only adds a forward), and a stage that
-  does not start the chain waits for its input edge and one that does not end it for its output
-  gradient: so sum_k load_k >= T + 2 (s - 1) e_min (T = sum of fw + bw, e_min the cheapest chain
-  edge's transfer) and max_k load_k >= x_s = max((T + 2 (s - 1) e_min) / s, max_r ceil(r/s) h_r + e_min
-  [s > 1]), h_r the r-th heaviest layer's fw + bw (some stage holds ceil(r/s) of the r heaviest layers,
-  and with two stages or more every stage has an input or an output edge);
+  starts at layer i > 0 waits for the slowest edge into layer i (a_i) and one that ends before layer i
+  for the slowest gradient out of layer i - 1 (b_i): so sum_k load_k >= T + the s - 1 smallest
+  a_i + b_i (T = sum of fw + bw) and max_k load_k >= x_s = max((T + those) / s, max_r ceil(r/s) h_r +
+  e_min [s > 1]), h_r the r-th heaviest layer's fw + bw, e_min = min_i min(a_i, b_i) (some stage holds
+  ceil(r/s) of the r heaviest layers, and with two stages or more every stage has a boundary);
 * a pipeline holds at least s devices (t per stage that has a TMP-sliced layer, 1 per other stage),
   so d <= d_max(s) = min(B, K // min devices per pipeline) and d is one of ``_d_candidates`` (the
   smallest d of each ceil(B/d): among the d sharing a ceil(B/d), the sync below grows with d);
@@ -79,7 +79,8 @@ class _Case:
     tmp: int
     weights: np.ndarray       # (L,) per-device weight bytes
     tied: np.ndarray          # (L,) bytes of each layer's weights tied with another layer
-    e_min_s: float            # cheapest chain edge transfer (s); 0 for a general graph
+    e_min_s: float            # cheapest transfer a stage boundary adds to a stage (s); 0 for a general graph
+    cut_s: np.ndarray         # (L,): [r] the least transfer time r stage boundaries add, summed over stages
     s_min: int
     s_max: int
     min_devices: np.ndarray   # (s_max - s_min + 1,): fewest devices a pipeline of s stages holds
@@ -109,11 +110,18 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
     np.add.at(fw_count, (ops.inverse[~bwd], layer[~bwd]), 1.0)
     np.add.at(bw_count, (ops.inverse[bwd], layer[bwd]), 1.0)
     linear = ly.is_linear()
-    e_min = 0.0
+    e_min, cut = 0.0, np.zeros(L)
     if linear and L > 1:
+        # a boundary before layer i: the stage starting at i waits for its slowest input edge (a_i, the
+        # forward chain) and the stage ending at i - 1 for its slowest output gradient (b_i, backward)
         src, dst = np.asarray(ly.edge_src, int), np.asarray(ly.edge_dst, int)
-        chain = np.asarray(ly.edge_bytes, float)[dst == src + 1]
-        e_min = float(chain.min()) / settings.link_bw_bytes_per_s if len(chain) else 0.0
+        cost = np.asarray(ly.edge_bytes, float) / settings.link_bw_bytes_per_s
+        a_in, b_out = np.zeros(L + 1), np.zeros(L + 1)
+        np.maximum.at(a_in, dst, cost)
+        np.maximum.at(b_out, src + 1, cost)
+        a_in, b_out = a_in[1:L], b_out[1:L]
+        e_min = float(np.minimum(a_in, b_out).min())
+        cut = np.concatenate([[0.0], np.cumsum(np.sort(a_in + b_out))])
     s = np.arange(s_min, s_max + 1)
     tmp = int(g.meta.get("tmp", 1) or 1)
     if ly.tmp > 1:
@@ -124,7 +132,7 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
     else:
         min_dev = s.copy()
     return _Case(mbs, t, fw_count, bw_count, ops, tmp, np.asarray(ly.weight_bytes, float),
-                 np.asarray(ly.tied_bytes, float), e_min, s_min, s_max, min_dev, linear)
+                 np.asarray(ly.tied_bytes, float), e_min, cut, s_min, s_max, min_dev, linear)
 
 
 def _case_bound(a, case: _Case, settings) -> np.ndarray:
@@ -144,7 +152,8 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
     srt = -np.sort(-(fw + bw), axis=1)                                                      # (A, L)
     per = np.ceil(np.arange(1, L + 1)[None, :] / s[:, None])                                # (S, L)
     pig = (per[None] * srt[:, None, :]).max(axis=2)                                         # (A, S)
-    x = np.maximum((T[:, None] + 2 * (s[None, :] - 1) * case.e_min_s) / s[None, :],
+    cuts = case.cut_s[(s - 1).astype(int)]                                                   # (S,)
+    x = np.maximum((T[:, None] + cuts[None, :]) / s[None, :],
                    pig + multi[None, :] * case.e_min_s)                                     # (A, S)
     dc = _d_candidates(B, max(1, min(K, B))).astype(float)                                   # (D,)
     d_max = np.minimum(B, K // case.min_devices)                                            # (S,)
