@@ -97,14 +97,15 @@ def run_dir(args, variant: str, name: str, s) -> Path:
     return Path(args.run_dir) / args.code_version / variant / f"{name}-{h}"
 
 
-def screen(args, d: Path, s, extra=(), phase2=True) -> dict:
+def screen(args, d: Path, s, extra=(), phase2=True, phase1_extra=()) -> dict:
     from archplace.platform.screen import run_screen
 
     t0 = time.time()
     res = run_screen(s, d, top_k=args.top_k, address=args.address, resume=True, workers=args.workers,
                      archs_per_trial=args.archs_per_task, progress=not args.quiet, report=False,
                      task_timeout_s=args.task_timeout,
-                     extra_candidates=extra, phase2=phase2)
+                     extra_candidates=extra, phase2=phase2, prune=not args.no_prune,
+                     phase1_extra=phase1_extra)
     st = res["stats"]
     part = {"at": t0, "host": socket.gethostname(), "cpus": _cluster_cpus(), "wall_s": time.time() - t0,
             "phase1": st.get("phase1"), "phase2": st.get("phase2"), "loadavg": os.getloadavg()}
@@ -135,14 +136,75 @@ def tp(r: dict | None) -> float:
 
 def hysteresis_pick(areas: np.ndarray, values: np.ndarray, h: int) -> dict:
     """Phaze's rule (``PhazeGenerator``: decreasing area, buckets of 0.01 mm2, stop once the last h
-    bucket maxima are non-increasing) replayed on ``values`` in index order."""
+    bucket maxima are non-increasing) replayed on ``values`` in index order; ``first_unknown`` is the
+    first index it needed whose value is NaN (not screened: a pruned phase 1), else None."""
     from archplace.algorithms.search.phaze import PhazeGenerator
 
     g = PhazeGenerator(areas, hysteresis=h)
     while (i := g.next_index()) is not None:
+        if np.isnan(values[i]):
+            return {"first_unknown": int(i)}
         g.observe(i, float(values[i]))
     return {"explored": len(g.observed), "converged": g.converged, "pick_index": g.best_index,
-            "pick_phase1_value": g.best_value}
+            "pick_phase1_value": g.best_value, "first_unknown": None}
+
+
+def known(p1: dict[int, dict], n: int) -> np.ndarray:
+    """Phase-1 values by space index, NaN where not screened (pruned)."""
+    v = np.full(n, np.nan)
+    for i, r in p1.items():
+        v[i] = tp(r)
+    return v
+
+
+def screen_more(args, names, dirs, ss, p1, wanted: dict[str, list[int]]) -> None:
+    """Screen (phase 1) the given indices of each workload that are not screened yet; refresh ``p1``."""
+    for w in names:
+        todo = [int(i) for i in wanted.get(w, ()) if int(i) not in p1[w]]
+        if todo:
+            screen(args, dirs[w], ss[w], phase2=False, phase1_extra=todo)
+            p1[w] = phase_values(dirs[w], 1)
+
+
+def common_prune(args, names, dirs, ss, p1, n: int) -> dict:
+    """The common objective under pruning: bound_common = mean over workloads of the value where
+    screened, else the workload's bound (``screen_bounds.npz`` of its search); screen the missing
+    workloads of the most promising architectures until no architecture that lacks one reaches the
+    k-th best fully screened average (``screen_bound.still_needed``)."""
+    from archplace.platform.screen_bound import kth_best, still_needed
+
+    bounds = {}
+    for w in names:
+        z = np.load(dirs[w] / "screen_bounds.npz")
+        bounds[w] = z["b0"]
+    rounds = 0
+    while True:
+        V = np.stack([known(p1[w], n) for w in names])
+        mixed = np.where(np.isnan(V), np.stack([bounds[w] for w in names]), V).mean(axis=0)
+        exact = V.mean(axis=0)                      # NaN unless every workload is screened
+        need = still_needed({"c": mixed}, {"c": exact}, args.top_k)
+        if not len(need):
+            break
+        rounds += 1
+        batch = need[:max(4 * args.archs_per_task, 2 * args.top_k)]   # a few tasks per run_screen call
+        screen_more(args, names, dirs, ss, p1, {w: [i for i in batch if np.isnan(V[k, i])]
+                                                for k, w in enumerate(names)})
+    return {"rounds": rounds, "threshold": kth_best(exact, args.top_k),
+            "screened_all_workloads": int(np.isfinite(exact).sum())}
+
+
+def hysteresis_on_demand(args, names, dirs, ss, p1, space, ws: list[str]) -> dict:
+    """``hysteresis_pick`` on the average over ``ws``, screening what the replay reaches and phase 1
+    did not screen (a pruned phase 1), a task's worth at a time in area order."""
+    n = len(space)
+    while True:
+        v = np.mean([known(p1[w], n) for w in ws], axis=0)
+        h = hysteresis_pick(space.area_mm2, v, args.hysteresis)
+        if h["first_unknown"] is None:
+            return h
+        i = h["first_unknown"]
+        batch = list(range(i, min(n, i + args.archs_per_task)))
+        screen_more(args, names, dirs, ss, p1, {w: batch for w in ws})
 
 
 def find_index(space, arch: tuple[int, ...], glb: float) -> int | None:
@@ -177,27 +239,36 @@ def run_variant(args, variant: str, space_cfg, space) -> dict:
     ss = {w: settings_for(w, variant, args, space_cfg) for w in names}
     dirs = {w: run_dir(args, variant, w, ss[w]) for w in names}
     t0 = time.time()
+    left = {}
     for w in names:                                   # phase 1 of every workload
         print(f"[{variant}] phase 1 {w}: {dirs[w]}", file=sys.stderr)
-        screen(args, dirs[w], ss[w], phase2=False)
+        left[w] = screen(args, dirs[w], ss[w], phase2=False)["stats"]["phase1"]["remaining"]
     p1 = {w: phase_values(dirs[w], 1) for w in names}
     n = len(space)
-    if any(len(p1[w]) < n for w in names):
-        return {"variant": variant, "complete": False, "phase1_done": {w: len(p1[w]) for w in names}}
-    vals = {w: np.array([tp(p1[w].get(i)) for i in range(n)]) for w in names}
-    common = np.mean([vals[w] for w in names], axis=0)
-    order = sorted(np.flatnonzero(common > 0), key=lambda i: (-common[i], i))
-    common_top = [int(i) for i in order[:args.top_k]]
-    hyst = {"common": hysteresis_pick(space.area_mm2, common, args.hysteresis)}
+    if any(left.values()):
+        return {"variant": variant, "complete": False, "phase1_done": {w: len(p1[w]) for w in names},
+                "phase1_remaining": left}
+    prune = None
+    if not args.no_prune:                             # the common objective's own bound-and-prune
+        prune = {"common": common_prune(args, names, dirs, ss, p1, n)}
+    hyst = {"common": hysteresis_on_demand(args, names, dirs, ss, p1, space, names)}
     for w in names:
-        hyst[w] = hysteresis_pick(space.area_mm2, vals[w], args.hysteresis)
+        hyst[w] = hysteresis_on_demand(args, names, dirs, ss, p1, space, [w])
+    vals = {w: known(p1[w], n) for w in names}
+    common = np.mean([vals[w] for w in names], axis=0)    # NaN where some workload was pruned
+    with np.errstate(invalid="ignore"):
+        order = sorted(np.flatnonzero(common > 0), key=lambda i: (-common[i], i))
+    common_top = [int(i) for i in order[:args.top_k]]
+    if prune is not None:
+        prune["per_workload"] = {w: {"screened": int(np.isfinite(vals[w]).sum()), "architectures": n}
+                                 for w in names}
     paper = {w: find_index(space, *PAPER_TABLE2[w][:2]) for w in names}
     paper_common = find_index(space, *PAPER_COMMON)
     shared = sorted({*common_top, hyst["common"]["pick_index"], *([paper_common] if paper_common is not None
                                                                    else [])} - {None})
     t1 = time.time()
     out = {"variant": variant, "sync_model": VARIANTS[variant][0], "optimizer": VARIANTS[variant][1],
-           "complete": True, "workloads": {}}
+           "complete": True, "workloads": {}, "phase1_pruning": prune}
     if args.phase == "1":
         return {**out, "complete": False, "phase1_wall_s_this_run": t1 - t0}
     res = {}
@@ -301,12 +372,20 @@ def _timing(d: Path) -> dict:
     n_space = p1[0]["architectures"] if p1 else 0
     w2 = sum(p["wall_s"] for p in p2)
     cpu2 = sum(p["wall_s"] * max(1, p.get("parallel_evaluations") or 1) for p in p2)
+    pruned = None
+    if (d / "screen_prune.json").exists():
+        rec = json.loads((d / "screen_prune.json").read_text())
+        pruned = {k: rec.get(k) for k in ("bound", "top_k", "architectures", "evaluated", "pruned",
+                                          "threshold", "complete")}
+    # a pruned phase 1 screens only its evaluated architectures (and spends the bound's time once)
+    n_work = pruned["evaluated"] if pruned else n_space
+    bound_s = sum(p.get("bound_s") or 0.0 for p in p1)
     return {"parts": [{k: p.get(k) for k in ("at", "host", "cpus", "wall_s", "loadavg")} for p in parts],
             "phase1_wall_s": sum(p["wall_s"] for p in p1), "phase1_archs": n1,
-            "phase1_task_s_per_arch": per_arch, "phase2_wall_s": w2,
-            "phase2_archs": sum(p["new"] for p in p2),
+            "phase1_task_s_per_arch": per_arch, "phase1_bound_s": bound_s, "phase1_pruning": pruned,
+            "phase2_wall_s": w2, "phase2_archs": sum(p["new"] for p in p2),
             # a bound, not a measurement: phase 2's work spread over 64 CPUs once it fills them
-            "projected_64cpu_s": {"phase1": n_space * per_arch / CLUSTER_CPUS if n1 else math.nan,
+            "projected_64cpu_s": {"phase1": n_work * per_arch / CLUSTER_CPUS if n1 else math.nan,
                                   "phase2": cpu2 / CLUSTER_CPUS}}
 
 
@@ -340,6 +419,104 @@ def measure(args, space_cfg, space) -> dict:
     return out
 
 
+def prune_estimate(args, space_cfg, space) -> dict:
+    """How many architectures the pruned phase 1 screens, per (variant, workload), in this process (no
+    Ray): the bounds over the whole space (``screen_bound.throughput_bounds``), then
+    ``--prune-sample`` seeded random architectures (a check that no value exceeds its bound) and the
+    pruned screen itself in bound order (``screen_in_bound_order``), at most ``--prune-estimate``
+    evaluations. If it completes, its count is what phase 1 evaluates (a Ray run may overshoot by its
+    in-flight window). If the budget stops it, the architectures whose bound is already below the k-th
+    best value found are pruned whatever comes later (the k-th best only rises): a lower bound on the
+    pruned share, so the projected CPU time is an upper bound."""
+    from archplace.platform.evaluate import evaluate_sequential
+    from archplace.platform.screen_bound import kth_best, prunable, screen_in_bound_order, throughput_bounds
+    from archplace.workloads.models import build_graph
+
+    n = len(space)
+    rng = np.random.default_rng(args.seed)
+    sample = [int(i) for i in rng.choice(n, size=min(n, args.prune_sample), replace=False)]
+    out: dict = {}
+    for variant in args.variants:
+        for w in args.workloads:
+            s = settings_for(w, variant, args, space_cfg)
+            t0 = time.perf_counter()
+            graphs = {k: build_graph(k[0], seq=s.seq, mbs=k[1], tmp=k[2], capture_blocks=s.capture_blocks)
+                      for k in s.graph_keys()}
+            t1 = time.perf_counter()
+            b = throughput_bounds(space, s, graphs)[s.models[0]]
+            bound_s = time.perf_counter() - t1
+            secs: dict[int, float] = {}
+
+            def ev(i: int, s=s, graphs=graphs, secs=secs) -> dict:
+                t = time.perf_counter()
+                r = evaluate_sequential(space.accelerator(i).to_dict(), s, graphs)["rows"][0]
+                secs[i] = time.perf_counter() - t
+                return {"m": tp(r)}
+
+            res = screen_in_bound_order(ev, {"m": b}, args.top_k, budget=args.prune_estimate, first=sample)
+            v = res["values"]["m"]
+            ev_idx = np.flatnonzero(~np.isnan(v))
+            thr = kth_best(v, args.top_k)
+            sure = int((np.isnan(v) & prunable(b, thr)).sum())
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(b[ev_idx] > 0, v[ev_idx] / b[ev_idx], 0.0)
+            top = sorted(ev_idx, key=lambda i: (-v[i], i))[:args.top_k]
+            per = float(np.mean(list(secs.values()))) if secs else math.nan
+            rnd = [secs[i] for i in sample if i in secs]
+            per_random = float(np.mean(rnd)) if rnd else per   # what the full screen costs an architecture
+            work = len(res["order"]) if res["complete"] else n - sure
+            spent = float(sum(secs.values()))
+            row = {"architectures": n, "evaluated": len(res["order"]), "complete": res["complete"],
+                   "random_sample": len(sample), "budget": args.prune_estimate,
+                   "kth_best": thr, "pruned_for_sure": sure, "pruned_share_at_least": sure / n,
+                   "screened_at_most": work, "best_bound": float(b.max()),
+                   "value_over_bound": {"max": float(ratio.max()), "median": float(np.median(ratio)),
+                                        "top_k_min": float(min(v[i] / b[i] for i in top)) if top else None,
+                                        "top_k_max": float(max(v[i] / b[i] for i in top)) if top else None},
+                   "bound_violations": int((ratio > 1).sum()),
+                   "graphs_s": t1 - t0, "bound_s": bound_s, "per_arch_s": per,
+                   "per_arch_s_random": per_random, "loadavg": os.getloadavg(),
+                   # pruned: the bound, what ran, and (budget stopped it) the rest at the mean cost so far
+                   "projected_phase1_cpu_s": {"pruned": bound_s + spent + (work - len(secs)) * per,
+                                              "full": n * per_random}}
+            out.setdefault(variant, {})[w] = row
+            print(f"[{variant}] {w:14s} evaluated {row['evaluated']} (complete {row['complete']}), pruned "
+                  f">= {sure}/{n} ({sure / n:.1%}); bound {bound_s:.0f} s, {per:.3f} s/arch; value/bound max "
+                  f"{row['value_over_bound']['max']:.3f}; phase 1 "
+                  f"{row['projected_phase1_cpu_s']['pruned'] / 3600:.2f} CPU-h vs "
+                  f"{n * per_random / 3600:.2f} CPU-h full",
+                  flush=True)
+    return {"runs": out, "projection": project_all(out, n)}
+
+
+def project_all(runs: dict, n: int) -> dict:
+    """Phase-1 CPU-hours of all 8 workloads x 4 variants, with pruning and without: a measured pair
+    where ``runs`` has it; otherwise the per-architecture cost of ``phaze_table2_cost.json`` (variant
+    default, measured at its own load) times the architectures, with this workload's pruned share from
+    another variant where one was measured ("extrapolated") and no pruning at all where none was
+    ("not measured": the pruned total is then an over-estimate)."""
+    cost_file = Path(__file__).parent / "results" / "phaze_table2_cost.json"
+    cost = json.loads(cost_file.read_text())["measured_phase1_cost"] if cost_file.exists() else {}
+    rows, tot = {}, {"pruned_cpu_h": 0.0, "full_cpu_h": 0.0}
+    for v in VARIANTS:
+        for w in WORKLOADS:
+            r = runs.get(v, {}).get(w)
+            if r is not None:
+                e = {"how": "measured", "pruned_cpu_h": r["projected_phase1_cpu_s"]["pruned"] / 3600,
+                     "full_cpu_h": r["projected_phase1_cpu_s"]["full"] / 3600}
+            else:
+                per = cost.get(w, {}).get("per_arch_s", math.nan)
+                shares = [runs[u][w]["screened_at_most"] / runs[u][w]["architectures"]
+                          for u in runs if w in runs[u]]
+                keep = max(shares) if shares else 1.0
+                e = {"how": "extrapolated" if shares else "not measured", "full_cpu_h": n * per / 3600,
+                     "pruned_cpu_h": n * per * keep / 3600}
+            rows[f"{v}/{w}"] = e
+            tot["pruned_cpu_h"] += e["pruned_cpu_h"]
+            tot["full_cpu_h"] += e["full_cpu_h"]
+    return {"per_variant_workload": rows, "total": tot}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
@@ -356,13 +533,26 @@ def main() -> int:
     ap.add_argument("--ilp-budget", type=float, default=1.0, help="deterministic seconds per layer slice")
     ap.add_argument("--ilp-time-limit", type=float, default=300.0, help="wall-clock safety limit per slice")
     ap.add_argument("--phase", choices=("1", "all"), default="all", help="1: screen only (resume later)")
+    ap.add_argument("--no-prune", action="store_true",
+                    help="phase 1 screens every architecture (default: bound-and-prune, the same top k; "
+                         "archplace/platform/screen_bound.py)")
     ap.add_argument("--address", help="Ray cluster: auto or HOST:PORT (default: an embedded Ray)")
     ap.add_argument("--run-dir", default="runs/phaze_table2")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--measure", type=int, default=0,
                     help="only time phase 1 on this many architectures per workload (no Ray, no screen)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "phaze_table2.json"))
+    ap.add_argument("--prune-estimate", type=int, default=0,
+                    help="only estimate the pruned phase 1: at most this many evaluations per workload "
+                         "(no Ray, no screen)")
+    ap.add_argument("--prune-sample", type=int, default=20,
+                    help="--prune-estimate: seeded random architectures evaluated first (a bound check)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="default bench/results/phaze_table2.json (--prune-estimate: "
+                                                 "phaze_table2_prune_estimate.json)")
     args = ap.parse_args()
+    if args.out is None:
+        name = "phaze_table2_prune_estimate.json" if args.prune_estimate else "phaze_table2.json"
+        args.out = str(Path(__file__).parent / "results" / name)
     load = os.getloadavg()
     bad = (set(args.workloads) - set(WORKLOADS)) | (set(args.variants) - set(VARIANTS))
     if bad:
@@ -376,6 +566,8 @@ def main() -> int:
     space = enumerate_space(space_cfg)
     if args.measure:
         results = {"measured_phase1_cost": measure(args, space_cfg, space)}
+    elif args.prune_estimate:
+        results = {"prune_estimate": prune_estimate(args, space_cfg, space)}
     else:
         results = {"variants": [run_variant(args, v, space_cfg, space) for v in args.variants]}
         _print(results["variants"])

@@ -18,6 +18,15 @@ the same DP. So the phase-2 winner of an objective equals the exhaustive ILP + D
 exhaustive winner ranks within phase 1's top k for that objective. The stats report each phase-2
 winner's phase-1 rank and how many fell outside the top k/2: a winner that deep says k is tight.
 
+**Pruning** (``prune=True``; ``screen_bound.py``): phase 1 computes an upper bound on every
+architecture's phase-1 throughput (numpy over the whole space, no DP), evaluates in decreasing bound
+and stops once no unevaluated architecture's bound reaches any objective's k-th best evaluated value.
+Every objective's phase-1 top k, and so the phase-2 candidate set, is then the full screen's (ties
+included); ranks below k count evaluated architectures only. The architectures left out are recorded,
+each with its bounds and the thresholds, in ``screen_prune.json``; the bounds are cached in
+``screen_bounds.npz``. A pruned search resumed without pruning completes the full screen.
+``phase1_extra`` indices are screened in phase 1 whatever their bound (a caller's own objectives).
+
 Rows of both phases go into the one result store, marked by the ``phase`` column (1 or 2; one-phase
 searches write 0); phase-1 rows rank candidates and are never a best row (``store._common_ok``).
 ``--resume`` skips what is stored: the phase-1 architectures already screened and the phase-2
@@ -34,6 +43,7 @@ import os
 import socket
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,7 @@ import numpy as np
 
 from .lock import OutDirLock
 from .schedule_cache import LOAD_DEPENDENT, ScheduleCacheFile
+from .screen_bound import BOUND_NAME, bound_rank, prune_record, still_needed, throughput_bounds
 from .settings import SearchSettings
 from .store import ResultStore
 
@@ -117,10 +128,12 @@ def run_screen(settings: SearchSettings, out_dir: str | Path, *, top_k: int = DE
                task_timeout_s: float = 1800.0, progress: bool = True, report: bool = True,
                on_evaluated: Callable[[dict[str, Any]], None] | None = None,
                cancel: threading.Event | None = None, extra_candidates: Iterable[int] = (),
-               phase2: bool = True) -> dict[str, Any]:
+               phase2: bool = True, prune: bool = False, phase1_extra: Iterable[int] = ()) -> dict[str, Any]:
     """Run (or resume) a two-phase screen; returns ``best.json``'s content plus run statistics
     (``stats.phase1``, ``stats.phase2``, ``stats.screen``: the winners' phase-1 ranks). ``phase2=False``
-    stops after phase 1 (a caller that adds candidates from several searches, then resumes)."""
+    stops after phase 1 (a caller that adds candidates from several searches, then resumes).
+    ``prune`` screens in bound order and skips what cannot reach a top k (module docstring);
+    ``phase1_extra`` indices are screened in phase 1 regardless."""
     from .search import SearchInterrupted, _sigint_stops, check_paths, validate
 
     validate(settings, "screen", 1, workers, archs_per_trial)
@@ -129,6 +142,7 @@ def run_screen(settings: SearchSettings, out_dir: str | Path, *, top_k: int = DE
         raise ValueError("--retry-failed re-runs the failed architectures of an earlier search: "
                          "pass --resume too")
     extra = sorted({int(i) for i in extra_candidates})
+    p1_extra = sorted({int(i) for i in phase1_extra})
     out = Path(out_dir).resolve()
     check_paths(out, schedule_cache)
     lock = OutDirLock(out).acquire()
@@ -140,7 +154,8 @@ def run_screen(settings: SearchSettings, out_dir: str | Path, *, top_k: int = DE
                       workers=workers, seed=seed, hysteresis=hysteresis, area_bucket_mm2=area_bucket_mm2,
                       archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
                       wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
-                      on_evaluated=on_evaluated, stop=_Stop(cancel, interrupted))
+                      on_evaluated=on_evaluated, stop=_Stop(cancel, interrupted), prune=prune,
+                      phase1_extra=p1_extra)
         with _sigint_stops(interrupted):
             res = run.run(extra, phase2)
     except BaseException:
@@ -169,7 +184,8 @@ class _Stop:
 class _Screen:
     def __init__(self, settings: SearchSettings, store: ResultStore, *, top_k: int, address, resume,
                  retry_failed, workers, seed, hysteresis, area_bucket_mm2, archs_per_trial, schedule_cache,
-                 wait_timeout_s, task_timeout_s, progress, on_evaluated, stop: _Stop) -> None:
+                 wait_timeout_s, task_timeout_s, progress, on_evaluated, stop: _Stop, prune: bool = False,
+                 phase1_extra: list[int] | None = None) -> None:
         self.settings, self.store, self.top_k = settings, store, top_k
         self.address, self.resume, self.retry_failed, self.workers = address, resume, retry_failed, workers
         self.archs_per_trial, self.wait_timeout_s = archs_per_trial, wait_timeout_s
@@ -182,6 +198,10 @@ class _Screen:
             "num_devices": settings.num_devices, "global_batch": settings.global_batch}))
         self.graphs: dict | None = None
         self.here = {"hostname": socket.gethostname(), "pid": os.getpid()}
+        self.prune, self.phase1_extra = prune, list(phase1_extra or [])
+        self.bounds: dict[str, np.ndarray] | None = None     # objective -> (n,) bound (pruning only)
+        self.values: dict[str, np.ndarray] | None = None     # objective -> (n,) phase-1 value, NaN unknown
+        self.ranks: dict[str, np.ndarray] | None = None
 
     # -------------------------------------------------------------- helpers
     def _check_resume(self) -> None:
@@ -233,6 +253,8 @@ class _Screen:
         self.store.add(rows, "screen")
         failed = any(r["status"] == "failed" for r in rows)
         value = 0.0 if failed else float(np.mean([r["throughput"] for r in rows]))
+        if phase == PHASE_SCREEN and self.values is not None:
+            self._know(index, rows, failed, value)
         if prog:
             prog.update(None if failed else value, failed=failed)
         if self.hook is not None:
@@ -261,7 +283,7 @@ class _Screen:
 
         self._check_resume()
         space = enumerate_space(self.settings.space)
-        bad = [i for i in extra if not 0 <= i < len(space)]
+        bad = [i for i in [*extra, *self.phase1_extra] if not 0 <= i < len(space)]
         if bad:
             raise ValueError(f"extra candidates {bad[:5]} are not indices of the space (0..{len(space) - 1})")
         self.store.write_meta({**self.meta, "started_at": time.time(),
@@ -293,15 +315,81 @@ class _Screen:
         best = self.store.close({**self.meta, "searcher": "screen"})
         return {**best, "out_dir": str(self.store.dir), "stats": stats}
 
+    # -------------------------------------------------------------- pruning (screen_bound.py)
+    def _objectives(self) -> list[str]:
+        return [*self.settings.models, COMMON]
+
+    def _know(self, index: int, rows: list[dict[str, Any]], failed: bool, value: float) -> None:
+        """Record one architecture's phase-1 values (0 for infeasible or failed: ranked by nobody)."""
+        by = {r["model"]: r for r in rows}
+        for m in self.settings.models:
+            r = by.get(m)
+            ok = r is not None and not failed and r["status"] == "ok"
+            self.values[m][index] = float(r["throughput"]) if ok else 0.0
+        self.values[COMMON][index] = 0.0 if failed else value
+
+    def _init_prune(self, space) -> None:
+        """Bounds (cached in the out dir) and the values of the architectures already screened."""
+        n = len(space)
+        path = self.store.dir / "screen_bounds.npz"
+        models = list(self.settings.models)
+        b = None
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if (str(z["bound"]) == BOUND_NAME and list(z["models"]) == models
+                        and all(len(z[f"b{k}"]) == n for k in range(len(models)))):
+                    b = {m: z[f"b{k}"] for k, m in enumerate(models)}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            b = None          # absent, or written by a killed run: computed again
+        if b is None:
+            b = throughput_bounds(space, self.settings)
+            tmp = path.with_name("screen_bounds.tmp.npz")
+            np.savez(tmp, bound=np.array(BOUND_NAME), models=np.array(models),
+                     **{f"b{k}": b[m] for k, m in enumerate(models)})
+            tmp.replace(path)
+        b[COMMON] = np.mean([b[m] for m in models], axis=0)
+        self.bounds = b
+        self.ranks = {o: bound_rank(v) for o, v in b.items()}
+        self.values = {o: np.full(n, np.nan) for o in self._objectives()}
+        for i, e in _phase_entries(self.store, PHASE_SCREEN).items():
+            if not (self.retry_failed and e["failed"]):
+                self._know(i, e["rows"], e["failed"], float(e["value"]))
+
+    def _wanted(self, n: int) -> list[int]:
+        """Phase 1's remaining work: every unscreened index, or with pruning the ``phase1_extra`` not
+        screened yet and then what ``still_needed`` says, most promising first."""
+        if not self.prune:
+            return self._todo(PHASE_SCREEN, range(n))
+        known = ~np.isnan(self.values[COMMON])
+        first = [i for i in self.phase1_extra if not known[i]]
+        rest = [int(i) for i in still_needed(self.bounds, self.values, self.top_k, self.ranks)]
+        seen = set(first)
+        return first + [i for i in rest if i not in seen]
+
+    def _write_prune_record(self) -> dict[str, Any]:
+        rec = prune_record(self.bounds, self.values, self.top_k)
+        rec["complete"] = not self._wanted(len(self.values[COMMON]))
+        tmp = self.store.dir / "screen_prune.json.tmp"
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(self.store.dir / "screen_prune.json")
+        return {k: v for k, v in rec.items() if k not in ("pruned_index", "pruned_bound")}
+
     def _phase1(self, space) -> dict[str, Any]:
         import ray
 
         from .search import _Progress
 
-        todo = self._todo(PHASE_SCREEN, range(len(space)))
+        n = len(space)
+        if self.prune:
+            tb = time.perf_counter()
+            self._init_prune(space)
+            bound_s = time.perf_counter() - tb
+        todo = self._wanted(n)
         t0 = time.perf_counter()
-        out = {"architectures": len(space), "new": 0, "failed": 0, "wall_s": 0.0, "task_s": 0.0,
-               "archs_per_task": self.archs_per_trial}
+        out = {"architectures": n, "new": 0, "failed": 0, "wall_s": 0.0, "task_s": 0.0,
+               "archs_per_task": self.archs_per_trial, "pruning": self.prune}
+        if self.prune:
+            out["bound_s"] = bound_s
         if todo:
             from .tasks import sequential_task
 
@@ -309,21 +397,36 @@ class _Screen:
             s1 = dataclasses.replace(self.settings, schedule="sequential")
             s1d, keys = s1.to_dict(), s1.graph_keys()
             graph_refs = [self.graphs[k] for k in keys]
-            chunks = [todo[i:i + self.archs_per_trial] for i in range(0, len(todo), self.archs_per_trial)]
+            static = [todo[i:i + self.archs_per_trial] for i in range(0, len(todo), self.archs_per_trial)]
             prog = _Progress(len(todo)) if self.progress else None
-            window, nxt, inflight = 2 * self._capacity(), 0, {}
+            window, nxt, inflight, busy = 2 * self._capacity(), 0, {}, set()
+
+            def next_chunk() -> list[int] | None:
+                nonlocal nxt
+                if not self.prune:        # the full screen: index order, fixed chunks
+                    nxt += 1
+                    return static[nxt - 1] if nxt <= len(static) else None
+                queue = [i for i in self._wanted(n) if i not in busy]   # bounds move as values arrive
+                if prog:
+                    prog.total = prog.done + len(busy) + len(queue)
+                return queue[:self.archs_per_trial] or None
+
             try:
                 while True:
-                    while nxt < len(chunks) and len(inflight) < window and not self.stop.is_set():
-                        accs = [space.accelerator(i).to_dict() for i in chunks[nxt]]
-                        inflight[sequential_task.remote(accs, s1d, keys, *graph_refs)] = chunks[nxt]
-                        nxt += 1
+                    while len(inflight) < window and not self.stop.is_set():
+                        chunk = next_chunk()
+                        if chunk is None:
+                            break
+                        accs = [space.accelerator(i).to_dict() for i in chunk]
+                        inflight[sequential_task.remote(accs, s1d, keys, *graph_refs)] = chunk
+                        busy.update(chunk)
                     if not inflight or self.stop.is_set():
                         break
                     ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self.task_timeout_s)
                     if not ready:
                         raise TimeoutError(f"no screen task finished within {self.task_timeout_s:.0f} s")
                     chunk = inflight.pop(ready[0])
+                    busy.difference_update(chunk)
                     try:
                         results = ray.get(ready[0])
                     except ray.exceptions.RayError as e:
@@ -342,8 +445,10 @@ class _Screen:
                 if prog:
                     prog.close()
         out["wall_s"] = time.perf_counter() - t0
-        out["remaining"] = len(self._todo(PHASE_SCREEN, range(len(space))))
+        out["remaining"] = len(self._wanted(n))
         out["task_s_per_arch"] = out["task_s"] / out["new"] if out["new"] else None
+        if self.prune:
+            out["prune"] = self._write_prune_record()
         return out
 
     def _phase2(self, space, cands: list[int]) -> dict[str, Any]:
