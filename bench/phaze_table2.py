@@ -22,7 +22,8 @@ and TPUv4 (space index 0, the reference of every ratio). It reports
 
 Checkpointed: every workload's search lives in ``RUN_DIR/<code version>/<variant>/<workload>-<settings
 hash>`` and resumes at architecture granularity (the result store; a killed run loses nothing stored).
-A change of the code (``_meta.code_version``) or of the settings starts new directories. Each
+A change of the code the numbers depend on (``_meta.code_version`` of ``NUMBER_MODULES``) or of the
+settings starts new directories. Each
 invocation appends what it ran, where and how long to ``timing.jsonl`` there. The ILP's budget is
 deterministic (CP-SAT deterministic seconds per layer slice); the wall clock is only a safety limit.
 
@@ -54,6 +55,8 @@ DEVICES = 1024
 VARIANTS = {"default": ("exposed", "adam"), "sync-paper": ("paper", "adam"), "sgd": ("exposed", "sgd"),
             "paper": ("paper", "sgd")}
 CLUSTER_CPUS = 64
+NUMBER_MODULES = ("archplace.platform", "archplace.algorithms", "archplace.simulators", "archplace.workloads",
+                  "archplace.hardware")
 
 # Phaze (ICML'24) Table 2, Section 6 (the text copy in shared/papers carries no page numbers): the
 # per-workload Phaze architecture {num_tc, num_vc, pe_x, pe_y, pe_vc}, GLB in MB (first entry of the
@@ -561,7 +564,9 @@ def main() -> int:
         return 2
     from archplace.hardware.space import enumerate_space, load_space_config
 
-    args.code_version = code_version("archplace")
+    # the modules the numbers depend on (not cli/api/service): a run spread over sessions survives a
+    # change to the user-facing layers, and restarts when anything it computes with changes
+    args.code_version = code_version(*NUMBER_MODULES)
     space_cfg = load_space_config(args.space) if args.space else None
     space = enumerate_space(space_cfg)
     if args.measure:

@@ -53,11 +53,12 @@ def test_ppo_trains_with_two_env_runners_on_two_nodes(cluster, tmp_path):
 
 def test_dqn_trains_with_two_env_runners_on_two_nodes(cluster):
     # budget in cost-model evaluations (issue 31): bert-48 / B costs at most 651 a plan (324 + 326 feature
-    # rows and one simulator call), so each runner's half pays for >= 107 plans
-    res = _cli(cluster, "pipeline", "bert-48", "--cluster", "B", "--algo", "rainbow", "--budget", "140000",
+    # rows and one simulator call), so each runner's half pays for >= 30 plans. What is tested is where
+    # the samples run and that the budget's bookkeeping reaches the driver, not learning
+    res = _cli(cluster, "pipeline", "bert-48", "--cluster", "B", "--algo", "rainbow", "--budget", "40000",
                "--env-runners", "2")
-    assert res["env_steps"] >= 200 and res["plans_evaluated"] >= 100
-    assert res["simulator_calls"] <= 140000 and res["budget_exhausted"] and res["stopped"] == "budget"
+    assert res["env_steps"] >= 60 and res["plans_evaluated"] >= 60
+    assert res["simulator_calls"] <= 40000 and res["budget_exhausted"] and res["stopped"] == "budget"
     assert res["env_step_calls"] == res["plans_evaluated"] + 1
     assert res["feasible"] and res["gap"] is not None and res["gap"] >= -1e-9
     assert sorted(res["env_runner_nodes"]) == sorted([cluster.head_node_id, cluster.worker_node_id])

@@ -200,3 +200,30 @@ def test_screen_inputs_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="--screen-top-k must be an integer >= 1"):
         run_screen(s, tmp_path / "b", top_k=0, progress=False)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_cli_screen_prune_gives_the_full_screens_answer(small, exhaustive, capsys):
+    """``search --searcher screen --screen-prune`` (the flag reaches ``run_screen(prune=True)``): the same
+    winner and throughput as the full screen, every architecture either screened or listed as pruned."""
+    from archplace.cli import main
+
+    out = small["dir"] / "cli-pruned"
+    rc = main(["search", MODEL, "--searcher", "screen", "--screen-prune", "--screen-top-k", "1",
+               "--space", str(small["dir"] / "space.yaml"), "--accelerators", "64", "--global-batch", "256",
+               "--microbatches", "1", "--hbm", "32", "--ilp-budget", "0.1",
+               "--schedule-cache", str(small["cache"]), "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    rec = json.loads((out / "screen_prune.json").read_text())
+    assert rec["complete"] and rec["evaluated"] + rec["pruned"] == small["n"] and rec["top_k"] == 1
+    assert f"pruned       {rec['pruned']:,} of {small['n']:,} architectures" in text
+    full = _screen(small, "cli-full", 1)
+    best = json.loads((out / "best.json").read_text())
+    assert best["common"]["arch_label"] == full["common"]["arch_label"]
+    assert best["common"]["throughput_avg"] == full["common"]["throughput_avg"]
+    p1 = [r["space_index"] for r in _rows(small, "cli-pruned") if r["phase"] == 1]
+    assert sorted(p1 + rec["pruned_index"]) == list(range(small["n"]))
+    from archplace import api
+
+    with pytest.raises(ValueError, match="screen_prune.*screen searcher only"):
+        api.SearchRequest(models=(MODEL,), searcher="phaze", screen_prune=True).validate()

@@ -3,8 +3,8 @@
 The README offers PostgreSQL for a shared deployment and ``--replicas N``, but no test started either:
 every service test ran one replica over SQLite. Here the concurrency and killed-replica tests of
 ``test_service.py`` run again, unchanged (their functions are imported, so pytest runs them with this
-module's ``svc``), and its restart test in a shorter twin, on services that differ in database and
-replica count:
+module's ``svc``), its restart test among them, on services that differ in database and replica
+count:
 
 * ``postgresql-2``: PostgreSQL (``pg_server``, started by the tests with ``initdb``/``pg_ctl``) behind
   two replicas, so two processes, each with its own searcher cache, write the same study: the ask/tell
@@ -30,6 +30,7 @@ test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion = (
     base.test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion
 )
 test_killed_replica_mid_load_loses_nothing = base.test_killed_replica_mid_load_loses_nothing
+test_service_restart_mid_load_loses_nothing = base.test_service_restart_mid_load_loses_nothing
 
 pytestmark = pytest.mark.slow
 
@@ -57,26 +58,6 @@ def svc(request, ray_session, tmp_path_factory):
     s = start_service(tmp, db=db, replicas=replicas)
     yield s
     serve.shutdown()
-
-
-def test_service_restart_mid_load_loses_nothing(svc):
-    """test_service.py's restart test (its ``_load`` with a restart of the whole Serve instance, proxy
-    included, once 16 trials are complete), but the operation in flight is a greedy partition
-    submitted just before the restart instead of a 300-step random one (minutes on 2 cores): it is
-    adopted and run again by the restarted replicas through its lease on the database's clock."""
-    c = svc.client("alice", retries=60)
-    done = c.partition("bert-base", algo="greedy", chiplets=4, seq=128, timeout_s=600)
-    in_flight: list[dict] = []
-
-    def restart() -> None:
-        in_flight.append(c.partition("bert-base", algo="greedy", chiplets=16, seq=128, wait=False))
-        svc.restart()
-
-    base._load(svc, "restart", clients=8, rounds=12, disturb=restart, after_done=16)
-    assert c.operation(done["id"]) == done  # a completed operation survives
-    after = c.wait(in_flight[0]["id"], timeout_s=600)
-    assert after["state"] == "DONE" and after["result"]["valid"] and after["result"]["chiplets"] == 16, after
-    assert {s["name"] for s in c.list_studies()} >= {"loop", "idem", "restart"}
 
 
 def test_a_reason_with_a_nul_character_is_refused_not_a_500(svc):

@@ -67,6 +67,8 @@ class SearchRequest(Request):
     max_failures: int = 2                   # retries of an architecture whose evaluation failed
     capture_blocks: int = 3                 # leading blocks captured per stack (more where kinds need)
     screen_top_k: int | None = None         # searcher screen: ILP + DP on the top k per objective (None: 32)
+    screen_prune: bool = False              # searcher screen: skip the architectures whose proven bound
+    #                                         cannot reach any top k (platform/screen_bound.py; same top k)
     # co-design targets (api/codesign.py): "accelerator" is the Phaze search above; "mcm" and "gpu-cluster"
     # search chiplet packages / GPU cluster shapes (their searcher "phaze" means their default, "pareto")
     target: str = "accelerator"
@@ -124,6 +126,10 @@ class SearchRequest(Request):
         check_int("screen_top_k", self.screen_top_k, optional=True)
         if self.screen_top_k is not None and self.searcher != "screen":
             raise invalid("screen_top_k", f"applies to the screen searcher only, not {self.searcher!r}")
+        if not isinstance(self.screen_prune, bool):
+            raise invalid("screen_prune", f"must be true or false, got {self.screen_prune!r}")
+        if self.screen_prune and self.searcher != "screen":
+            raise invalid("screen_prune", f"applies to the screen searcher only, not {self.searcher!r}")
         check_int("seq", self.seq, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("max_failures", self.max_failures, low=0)
@@ -220,7 +226,8 @@ def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: th
                   on_evaluated=(lambda info: progress("evaluated", info)) if progress else None,
                   cancel=cancel)
     if req.searcher == "screen":   # every architecture screened, the top k solved (platform/screen.py)
-        res = run_screen(req.settings(), out, top_k=req.screen_top_k or DEFAULT_TOP_K, **common)
+        res = run_screen(req.settings(), out, top_k=req.screen_top_k or DEFAULT_TOP_K,
+                         prune=req.screen_prune, **common)
     else:
         res = run_search(req.settings(), out, searcher=req.searcher, budget=req.budget,
                          max_failures=req.max_failures, **common)

@@ -41,7 +41,8 @@ def cmd_search(args) -> dict[str, Any]:
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
-        capture_blocks=args.capture_blocks, screen_top_k=args.screen_top_k)
+        capture_blocks=args.capture_blocks, screen_top_k=args.screen_top_k,
+        screen_prune=args.screen_prune)
     req = dataclasses.replace(req, **_codesign_args(args))
     try:
         return api.search(req, terminal_progress=not args.json).to_dict()
@@ -90,6 +91,10 @@ def print_search(res: dict[str, Any]) -> None:
               f"{len(st.get('phase2_candidates') or [])} candidates, {p2.get('new', 0)} new in "
               f"{p2.get('wall_s', 0):.1f} s; winners outside phase 1's top {scr['top_k'] // 2}: "
               f"{scr['outside_top_half']} of {scr['objectives']} objectives")
+        pr = p1.get("prune")
+        if pr:
+            print(f"  pruned       {pr['pruned']:,} of {pr['architectures']:,} architectures: their proven "
+                  f"bound is below every objective's k-th best (listed in screen_prune.json)")
     c = res.get("common")
     if c is None:
         print("  no architecture gave a feasible placement"
@@ -140,6 +145,10 @@ def add_search_parser(sub) -> None:
     se.add_argument("--screen-top-k", type=int, default=None,
                     help="searcher screen: architectures per objective that phase 2 solves with the ILP "
                          "(default 32)")
+    se.add_argument("--screen-prune", action="store_true",
+                    help="searcher screen: phase 1 in decreasing order of a proven throughput bound, "
+                         "skipping every architecture that cannot reach any objective's top k (the same "
+                         "top k and winners; the skipped ones are listed in screen_prune.json)")
     se.add_argument("--budget", type=int, default=16, help="most architectures to evaluate")
     se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
     se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
