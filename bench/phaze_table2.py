@@ -100,13 +100,23 @@ def run_dir(args, variant: str, name: str, s) -> Path:
     return Path(args.run_dir) / args.code_version / variant / f"{name}-{h}"
 
 
+def shared_cache(args) -> Path:
+    """One schedule cache for every workload and variant of a code version: its keys hold a slice's
+    ops, latencies and solver settings (``platform/schedule_cache.py``), so a slice that two variants
+    share (the sync model and the optimizer change the placement, not most layer schedules) is solved
+    once."""
+    p = Path(args.run_dir) / args.code_version / "schedule_cache.jsonl"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def screen(args, d: Path, s, extra=(), phase2=True, phase1_extra=()) -> dict:
     from archplace.platform.screen import run_screen
 
     t0 = time.time()
     res = run_screen(s, d, top_k=args.top_k, address=args.address, resume=True, workers=args.workers,
                      archs_per_trial=args.archs_per_task, progress=not args.quiet, report=False,
-                     task_timeout_s=args.task_timeout,
+                     task_timeout_s=args.task_timeout, schedule_cache=shared_cache(args),
                      extra_candidates=extra, phase2=phase2, prune=not args.no_prune,
                      phase1_extra=phase1_extra)
     st = res["stats"]

@@ -238,6 +238,7 @@ def _wait_rows(proc, out: Path, n: int, timeout: float = 300) -> None:
     raise AssertionError(f"fewer than {n} rows in {out} after {timeout} s")
 
 
+@pytest.mark.system
 def test_killed_driver_leaves_nothing_and_resume(ray_session, baseline, tmp_path, capsys):
     from archplace.platform.search import run_search
 
@@ -295,6 +296,7 @@ def _rows_any(out: Path) -> list[dict]:
     return s.table().to_pylist()
 
 
+@pytest.mark.system
 def test_embedded_ray_listens_on_loopback_only_and_runs_on_one_cpu(tmp_path):
     """The embedded Ray binds 127.0.0.1 only, and a search completes on a 1-CPU Ray (trials reserve
     no CPU, so the tasks' CPU is never short by a trial's fraction)."""

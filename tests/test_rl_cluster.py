@@ -11,7 +11,7 @@ import pytest
 import yaml
 from cluster_util import REPO_ROOT, ray_executable, two_node_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 
 @pytest.fixture(scope="module")

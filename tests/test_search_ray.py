@@ -104,6 +104,7 @@ def interrupted(ray_session, tmp_path_factory):
             "before": before, "resumed_rc": resumed}
 
 
+@pytest.mark.system
 def test_ctrl_c_exits_130_and_keeps_the_rows(interrupted):
     """Old: Tune's SIGINT handler ended the run as if it had finished: exit 0 and the normal summary,
     with no word that the search was cut short."""
@@ -114,6 +115,7 @@ def test_ctrl_c_exits_130_and_keeps_the_rows(interrupted):
     assert 1 <= len(interrupted["before"]) < BUDGET
 
 
+@pytest.mark.system
 def test_resume_after_ctrl_c_completes_and_keeps_what_finished(interrupted):
     assert interrupted["resumed_rc"] == 0
     after = {r["arch_key"]: r for r in pq.read_table(interrupted["out"] / "evaluations.parquet").to_pylist()}
@@ -123,6 +125,7 @@ def test_resume_after_ctrl_c_completes_and_keeps_what_finished(interrupted):
         assert after[r["arch_key"]]["finished_at"] == r["finished_at"]
 
 
+@pytest.mark.system
 def test_tune_logs_hold_no_rows(interrupted):
     """Old: every row went to Tune in the result (``rows_json``) and Tune wrote it again into
     result.json, progress.csv, a TensorBoard file and its experiment state, and the callback's
@@ -158,6 +161,7 @@ def test_tune_logs_hold_no_rows(interrupted):
 
 
 # ---------------------------------------------------------------------- the schedule cache
+@pytest.mark.system
 def test_slices_reach_the_schedule_cache_before_their_architecture_finishes(ray_session, tmp_path):
     """Old: a trial sent the slices it solved with the architecture's rows, at its end, so a driver
     killed meanwhile lost them and the resume solved them all again (no cache hits). Here the
@@ -235,6 +239,7 @@ def ray_start_cluster(tmp_path_factory):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.system
 def test_search_without_address_does_not_join_a_ray_start_cluster(ray_start_cluster, tmp_path):
     """Old: ``ray.init()`` without an address reads the address a ``ray start`` recorded (and
     RAY_ADDRESS), so a search without ``--address`` silently joined that cluster, which may span
@@ -257,6 +262,7 @@ def test_search_without_address_does_not_join_a_ray_start_cluster(ray_start_clus
     assert not set(row["task_nodes"].split(",")) & set(cluster_nodes)
 
 
+@pytest.mark.system
 def test_address_without_the_token_is_one_line(ray_start_cluster, tmp_path):
     """Old: Ray's C++ client wrote about 20 ``gcs_client.cc`` warnings (one per failed handshake)
     to the terminal before the one-line error."""

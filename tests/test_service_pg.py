@@ -32,7 +32,7 @@ test_64_concurrent_clients_never_share_a_trial_and_lose_no_completion = (
 test_killed_replica_mid_load_loses_nothing = base.test_killed_replica_mid_load_loses_nothing
 test_service_restart_mid_load_loses_nothing = base.test_service_restart_mid_load_loses_nothing
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 CONFIGS = {"postgresql-2": ("postgresql", 2), "sqlite-2": ("sqlite", 2)}
 # two replicas on SQLite (one replica is test_service.py): the tests where replicas contend

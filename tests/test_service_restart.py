@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from service_util import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 ROOT = Path(__file__).resolve().parents[1]
 UP_S = 300  # a start of Ray and Serve on the loaded 2-core machine; generous, never asserted
