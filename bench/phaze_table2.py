@@ -30,6 +30,7 @@ deterministic (CP-SAT deterministic seconds per layer slice); the wall clock is 
     nice -n 10 python bench/phaze_table2.py [--workloads OPT BertLarge] [--variants default paper]
         [--top-k 32] [--space SPACE.yaml] [--archs-per-task 50] [--ilp-budget 1.0] [--phase 1|all]
         [--address HOST:PORT] [--run-dir runs/phaze_table2] [--out bench/results/phaze_table2.json]
+    python bench/phaze_table2.py --markdown bench/results/phaze_table2.json   # the README's tables
 """
 
 from __future__ import annotations
@@ -625,5 +626,44 @@ def _print(results: list[dict]) -> None:
               f"{c['hysteresis']['pick_label']}, leaving {c['hysteresis']['left_behind']:.1%}")
 
 
+def markdown(path: str) -> str:
+    """The README's Table 2 / Table 5 analogue from a bench JSON: per variant the geomean ratios beside
+    the paper's, then per workload (default variant) the architecture, placement and MFU."""
+    doc = json.loads(Path(path).read_text())
+    vs = [v for v in doc.get("variants", []) if v.get("complete")]
+    if not vs:
+        raise SystemExit(f"{path}: no complete variant (run phase 2 first)")
+    lines = [f"From `{path}` (commit {doc['commit'][:7]}, top-k {doc['settings']['top_k']}, "
+             f"{doc['space']['architectures']:,} architectures).", "",
+             "| variant (sync, optimizer) | per-model / TPUv4+expert | common / TPUv4+expert "
+             "| common / TPUv4+archplace | common architecture |", "|---|---|---|---|---|"]
+    for v in vs:
+        g = v["geomean"]
+        lines.append(f"| {v['variant']} ({v['sync_model']}, {v['optimizer']}) | "
+                     f"{g['per_model_vs_tpuv4_expert']:.2f}× | {g['common_vs_tpuv4_expert']:.2f}× | "
+                     f"{g['common_vs_tpuv4_archplace']:.2f}× | {v['common']['label']} |")
+    lines.append(f"| Phaze paper | {PAPER_RATIOS['per_model_vs_tpuv4_expert']}× | "
+                 f"{PAPER_RATIOS['common_vs_tpuv4_expert']}× | {PAPER_RATIOS['common_vs_tpuv4_solver']}× | "
+                 "{2,512,256,256,256} glb32MB |")
+    v = vs[0]
+    lines += ["", f"Per workload, variant `{v['variant']}` (MFU %, PaLM's formula: TPUv4 + expert / TPUv4 + "
+              "archplace / common; the paper's Table 5 in brackets):", "",
+              "| workload | per-model best | {p,d,t} mbs | × TPUv4+expert | paper's arch & {p,d,t} "
+              "| MFU % (paper) | hysteresis-6 leaves |", "|---|---|---|---|---|---|---|"]
+    for w, r in v["workloads"].items():
+        b, m, pt = r["per_model"] or {}, r["mfu_pct"], r["paper_table2"]
+        p5 = m["paper_table5"]
+        lines.append(
+            f"| {w} | {b.get('arch', '-')} | {b.get('pdt')} {b.get('microbatch')} | "
+            f"{r['ratios']['per_model_vs_tpuv4_expert']:.2f} | {{{','.join(map(str, pt['arch']))}}} "
+            f"glb{pt['glb_mb']}MB {pt['pdt']} | {m['tpuv4_expert']:.1f} / {m['tpuv4_archplace']:.1f} / "
+            f"{m['common']:.1f} ({p5['tpuv4_expert']} / {p5['tpuv4_phaze']} / {p5['phaze_common']}) | "
+            f"{r['hysteresis']['left_behind']:.1%} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--markdown":
+        print(markdown(sys.argv[2]))
+        sys.exit(0)
     sys.exit(main())
