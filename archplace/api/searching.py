@@ -126,8 +126,7 @@ class SearchRequest(Request):
         check_int("screen_top_k", self.screen_top_k, optional=True)
         if self.screen_top_k is not None and self.searcher != "screen":
             raise invalid("screen_top_k", f"applies to the screen searcher only, not {self.searcher!r}")
-        if not isinstance(self.screen_prune, bool):
-            raise invalid("screen_prune", f"must be true or false, got {self.screen_prune!r}")
+        check_bool("screen_prune", self.screen_prune)
         if self.screen_prune and self.searcher != "screen":
             raise invalid("screen_prune", f"applies to the screen searcher only, not {self.searcher!r}")
         check_int("seq", self.seq, optional=True)
