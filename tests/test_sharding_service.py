@@ -6,6 +6,8 @@ partition's ppo does (a Ray task of the service has it)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from service_core_util import HttpApp
 
@@ -90,3 +92,25 @@ def test_dqn_needs_ray_as_partitions_ppo_does():
         pytest.skip("Ray already runs in this process")
     with pytest.raises(RuntimeError, match="runs on Ray"):
         run_operation("shard", req)
+
+
+def test_an_evaluation_takes_its_tp_slices_from_the_sharding(app):
+    """``tp_from`` on ``POST /v1/evaluations`` is ``archplace place --tp-from``: the operation returns the
+    API's placement with its ``tp_source``; a model shard has no tensor graph for is a 422 naming
+    ``tp_from`` before anything is queued."""
+    from archplace import api
+
+    body = {"model": "t5-base", "arch": "tpuv4", "accelerators": 8, "global_batch": 8, "sequential": True,
+            "fixed": [1, 4, 2], "seq": 128, "hbm_gb": [32.0], "tp_from": "shard"}
+    r = app.post("/v1/evaluations", body)
+    assert r.status_code == 202, r.text
+    op = r.json()
+    assert op["request"]["tp_from"] == "shard"
+    got = run_operation("evaluate", op["request"])
+    want = api.place(api.PlaceRequest("t5-base", "tpuv4", accelerators=8, global_batch=8, sequential=True,
+                                      fixed=(1, 4, 2), seq=128, hbm_gb=(32.0,), tp_from="shard")).to_dict()
+    got, want = ({k: v for k, v in json.loads(json.dumps(d)).items() if k != "timing_s"} for d in (got, want))
+    assert got == want and got["tp_source"]["widths"]["2"]["equals_role_tables"]
+    bad = app.post("/v1/evaluations", dict(body, model="opt-350m"))
+    assert bad.status_code == 422 and "tp_from" in bad.text and "t5-base" in bad.text
+    assert app.post("/v1/evaluations", dict(body, tp_from="tables")).status_code == 422

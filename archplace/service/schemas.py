@@ -388,11 +388,22 @@ class EvaluateRequest(Strict):
     optimizer: Literal["sgd", "adam", "adafactor"] = "adam"  # optimizer state counted in the HBM fit
     sync_model: Literal["exposed", "paper"] = "exposed"  # gradient sync: 1F1B-exposed or eq. 18
     capture_blocks: int = Field(default=3, ge=3, le=1024)  # leading blocks captured per stack
+    # TP slices: Megatron's role tables, or the ILP sharding of `shard --algo ilp` (archplace place --tp-from)
+    tp_from: Literal["roles", "shard"] = "roles"
 
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
         return _check_models([v])[0]
+
+    @model_validator(mode="after")
+    def _tp_from(self) -> EvaluateRequest:
+        """tp_from shard needs a model shard has a tensor graph for: refused before any work starts."""
+        if self.tp_from == "shard":
+            from ..api.tp_shard import check_shard_model
+
+            check_shard_model(self.model)
+        return self
 
     @field_validator("arch")
     @classmethod
