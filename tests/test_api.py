@@ -236,6 +236,19 @@ def test_search_result_keeps_the_store_keys_in_order():
     assert d == best and list(d)[:11] == list(best)[:11] and "extra" not in d
 
 
+def test_codesign_result_keeps_the_store_keys_in_order():
+    best = {"target": "mcm", "models": ["bert-base"], "searcher": "random", "placer": "greedy",
+            "objective": "throughput", "cost": "usd", "throughput_unit": "samples/s", "evaluated": 3,
+            "failed": 0, "infeasible": 1, "common": None, "per_model": {}, "pareto": [], "newer_key": [1],
+            "out_dir": "/o", "stats": {}}
+    from archplace.api.codesign import CodesignResult
+
+    res = CodesignResult.from_dict(best)
+    assert res.extra == {"newer_key": [1]} and res.infeasible == 1
+    d = res.to_dict()
+    assert d == best and list(d)[:15] == list(best)[:15] and "extra" not in d
+
+
 def test_search_reports_every_architecture_and_cancels_after_the_trials_in_flight(ray_session, tmp_path):
     """A sequential-schedule grid search on one CPU's worth of trials: ``evaluated`` once per finished
     architecture, with the values the result store holds; cancelled after the first report, it stops

@@ -177,6 +177,23 @@ class DetailsResult(Result):
         return {**d, **details, "wall_s": wall}
 
 
+class ExtraResult(Result):
+    """A result read back from a store a newer archplace may have written: its last field is ``extra``,
+    the keys this version does not know. ``from_dict`` keeps them there and ``to_dict`` writes them back
+    at the top level, so reading and rewriting a ``best.json`` loses nothing."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in d.items() if k in names},
+                   extra={k: v for k, v in d.items() if k not in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        extra = d.pop("extra")
+        return {**d, **extra}
+
+
 # ---------------------------------------------------------------------- progress and cancellation
 class Steps:
     """Reports the end of each phase to ``progress`` and raises ``Cancelled`` at the next boundary

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..platform.mcm_trial import PLACERS as MCM_PLACERS
 from ._common import (
+    ExtraResult,
     ProgressFn,
-    Result,
     Steps,
     check_bool,
     check_choice,
@@ -74,7 +74,7 @@ def validate_codesign(req) -> None:
 
 
 @dataclass
-class CodesignResult(Result):
+class CodesignResult(ExtraResult):
     """``best.json`` of a co-design search with the run's statistics (README "co-design")."""
 
     target: str
@@ -93,19 +93,6 @@ class CodesignResult(Result):
     out_dir: str
     stats: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CodesignResult:
-        import dataclasses
-
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in d.items() if k in names},
-                   extra={k: v for k, v in d.items() if k not in names})
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        extra = d.pop("extra")
-        return {**d, **extra}
 
 
 def codesign_search(req, *, progress: ProgressFn | None = None, cancel: threading.Event | None = None,

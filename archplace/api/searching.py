@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,9 +10,9 @@ from typing import Any
 from ..algorithms.solvers.grad_sync import SYNC_MODELS
 from ..workloads.layers import OPTIMIZERS
 from ._common import (
+    ExtraResult,
     ProgressFn,
     Request,
-    Result,
     Steps,
     check_bool,
     check_capture_blocks,
@@ -166,7 +165,7 @@ class SearchRequest(Request):
 
 
 @dataclass
-class SearchResult(Result):
+class SearchResult(ExtraResult):
     """``best.json``'s content (see README "the result directory") with the run's statistics."""
 
     models: list[str]
@@ -183,17 +182,6 @@ class SearchResult(Result):
     out_dir: str
     stats: dict[str, Any]                # resumed, new_trials, cache, wall_s, ...
     extra: dict[str, Any] = field(default_factory=dict)  # keys a newer result store adds
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SearchResult:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in d.items() if k in names},
-                   extra={k: v for k, v in d.items() if k not in names})
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        extra = d.pop("extra")
-        return {**d, **extra}
 
 
 def search(req: SearchRequest, *, progress: ProgressFn | None = None, cancel: threading.Event | None = None,
