@@ -102,6 +102,15 @@ def test_baselines_on_t5():
     assert gr.propagation_calls <= r1.propagation_calls <= gr.propagation_calls + 1
     for res in (gr, r1):
         assert res.cost.step_s >= exact.cost.step_s * (1 - 1e-12)
+    # the decision order's propagations count against the budget: a budget they use up is an error
+    # naming budget; one call more than they take cannot finish an episode, and the note says so
+    with pytest.raises(ValueError, match="^budget: random search spends") as e:
+        ss.random_search(pb, 1, seed=3)
+    order_calls = int(str(e.value).split("spends ")[1].split()[0])
+    r0 = ss.random_search(pb, order_calls + 1, seed=3)
+    assert r0.propagation_calls == order_calls + 1 and r0.evaluated == 1
+    assert r0.notes[-1].startswith("0 complete episodes") and "ended one more episode early" in r0.notes[-1]
+    assert r1.notes[-1].split(" complete episodes")[0].isdigit()
 
 
 def test_adp_finds_batch_dimension():

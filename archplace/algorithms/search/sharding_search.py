@@ -429,32 +429,47 @@ def greedy(pb: ShardProblem, order=None) -> ShardResult:
 
 
 def random_search(pb: ShardProblem, calls: int, seed: int = 0, order=None) -> ShardResult:
-    """Coin-flip episodes in the decision order until ``calls`` propagation calls are spent."""
+    """Coin-flip episodes in the decision order until ``calls`` propagation calls are spent.
+
+    The budget can run out inside an episode: that last episode is scored with its undecided dims
+    replicated (the score counts only splits, so it is the plan returned if it wins) and is reported
+    apart from the complete ones, so a budget below one episode's calls is visible in the notes. The
+    decision order's own propagations (linkage groups) count against ``calls`` too; a budget they use up
+    is an error naming ``budget``, not a replicate-everything plan."""
     t0, c0 = time.perf_counter(), pb.calls
     rng = np.random.default_rng(seed)
     order = order if order is not None else decision_order(pb)
+    order_calls = pb.calls - c0
+    if order_calls >= calls:
+        raise ValueError(f"budget: random search spends {order_calls} propagation calls on its decision "
+                         f"order before any episode; give more than {order_calls} (got {calls})")
     cl = pb.graph.classes
-    best, best_v, episodes = None, None, 0
+    best, best_v, episodes, cut = None, None, 0, 0
     while pb.calls - c0 < calls:
         vals = pb.base.copy()
         for t, d in order:
-            if vals[cl.tensor_classes[t][d]] != UNKNOWN or pb.calls - c0 >= calls:
+            if vals[cl.tensor_classes[t][d]] != UNKNOWN:
                 continue
+            if pb.calls - c0 >= calls:
+                cut = 1
+                break
             if rng.random() < 0.5:
                 p = pb.propagate({(t, d): pb.axis}, base=vals)
                 if p.conflict is None:
                     vals = p.values
                     continue
             vals = pb.propagate({(t, d): None}, base=vals).values
-        episodes += 1
+        episodes += 1 - cut
         sc = pb.score(vals)
         if best is None or sc < best:
             best, best_v = sc, vals.copy()
     if best_v is None:
         best_v = pb.base.copy()
     best_v[best_v == UNKNOWN] = REPLICATED
-    res = result_from_values(pb, "random", best_v, t0, c0, evaluated=episodes)
-    res.notes.append(f"{episodes} episodes, seed {seed}")
+    res = result_from_values(pb, "random", best_v, t0, c0, evaluated=episodes + cut)
+    res.notes.append(f"{episodes} complete episodes, seed {seed} ({order_calls} calls on the decision order)"
+                     + (f"; the budget of {calls} propagation calls ended one more episode early, its "
+                        "undecided dims replicated" if cut else ""))
     return res
 
 
