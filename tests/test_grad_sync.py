@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from archplace.algorithms.solvers.grad_sync import allreduce_s, stage_sync
+from archplace.simulators import collectives
 from archplace.simulators.pipeline_1f1b import one_f_one_b_order, simulate_1f1b
 
 
@@ -54,16 +55,21 @@ def test_one_f_one_b_order():
 
 
 def test_stage_sync_closed_forms():
-    """Three stages, 4 copies, 1 GB/s: AllReduce 4·3/4·W/bw; tied weights on the first and last
-    stages add 4·1/2·T/bw; windows 0, b0, b0 + b1."""
+    """Three stages, 4 copies, 1 GB/s: a ring AllReduce 2·3/4·W/bw; tied weights on the first and last
+    stages add 2·1/2·T/bw; windows 0, b0, b0 + b1. The paper's eq. 18 charges 4·3/4·W/bw, first stage
+    only; fp32 gradients move twice the bytes."""
     w, tied, before = [1e9, 2e9, 1e9], [5e8, 0.0, 5e8], [0.0, 1.0, 3.0]
     got = stage_sync(w, tied, before, 4, 1e9)
-    assert got.sync_s.tolist() == pytest.approx([3.0 + 1.0, 6.0, 3.0 + 1.0])
+    assert got.sync_s.tolist() == pytest.approx([1.5 + 0.5, 3.0, 1.5 + 0.5])
+    assert got.sync_s[1] == pytest.approx(collectives.allreduce_s(2e9, 4, 1e9))
     assert got.window_s.tolist() == [0.0, 1.0, 3.0]
-    assert got.exposed_s.tolist() == pytest.approx([4.0, 5.0, 1.0]) and got.exposed_total_s == 5.0
+    assert got.exposed_s.tolist() == pytest.approx([2.0, 2.0, 0.0]) and got.exposed_total_s == 2.0
     paper = stage_sync(w, tied, before, 4, 1e9, "paper")
     assert paper.exposed_s.tolist() == pytest.approx([3.0, 0.0, 0.0])
-    assert stage_sync([1e9], [5e8], [0.0], 4, 1e9).sync_s.tolist() == [3.0]  # one stage: nothing tied apart
+    assert paper.exposed_s[0] == pytest.approx(collectives.phaze_eq18_allreduce_s(1e9, 4, 1e9))
+    fp32 = stage_sync(w, tied, before, 4, 1e9, grad_reduce_dtype="fp32")
+    assert fp32.sync_s.tolist() == pytest.approx([4.0, 6.0, 4.0])
+    assert stage_sync([1e9], [5e8], [0.0], 4, 1e9).sync_s.tolist() == [1.5]  # one stage: nothing tied apart
     assert allreduce_s(1e9, 1, 1e9) == 0.0
     with pytest.raises(ValueError, match="sync_model must be one of"):
         stage_sync(w, tied, before, 4, 1e9, "gpipe")

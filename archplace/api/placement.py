@@ -35,6 +35,32 @@ MICROBATCHES = (1, 2, 4, 8)    # model_throughput's defaults: the microbatch siz
 PLACE_ILP_BUDGET = 10.0
 PLACE_ILP_TIME_LIMIT_S = 300.0
 RECOMPUTE = (False, True)
+DESIGN_HBM_GB = (32, 64, 80)   # the HBM sizes a design without one is tried at (Phaze's HBM choices)
+GRAD_REDUCE_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def hbm_sizes(arch: str | dict, asked: tuple[float, ...] | None) -> tuple[tuple[float, ...], str]:
+    """The HBM sizes (GiB) a placement on ``arch`` tries, and where they come from: ``asked`` (--hbm),
+    else the accelerator's own (a named preset is the chip it names: tpuv4 has 32 GiB; a JSON or dict
+    that gives ``hbm_gb``), else ``DESIGN_HBM_GB`` for a design that states none."""
+    if asked is not None:
+        return tuple(asked), "asked (--hbm)"
+    if isinstance(arch, str) and not arch.endswith(".json"):
+        acc = load_accelerator(arch)
+        return (acc.hbm_gb,), f"the {arch} preset's own"
+    fields = arch if isinstance(arch, dict) else _json_fields(arch)
+    if isinstance(fields, dict) and fields.get("hbm_gb") is not None:
+        return (fields["hbm_gb"],), "the architecture's own (its hbm_gb)"
+    return DESIGN_HBM_GB, "swept: the architecture gives no hbm_gb"
+
+
+def _json_fields(path: str) -> dict | None:
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
 DP_METHODS = ("auto", "dp", "milp")
 TP_FROM = ("roles", "shard")
 
@@ -46,7 +72,9 @@ class PlaceRequest(Request):
     arch: str | dict                             # preset ("tpuv4"), a .json file, or Accelerator fields
     accelerators: int = 1024
     global_batch: int = 4096
-    hbm_gb: tuple[float, ...] = (32.0, 64.0, 80.0)   # HBM sizes tried
+    # HBM sizes tried (GiB); None: the accelerator's own (a preset's, or the hbm_gb its JSON gives), or
+    # DESIGN_HBM_GB for an architecture that states none (a design whose HBM is part of the search)
+    hbm_gb: tuple[float, ...] | None = None
     sequential: bool = False                     # layer schedules without the ILP (Phaze's baseline)
     fixed: tuple[int, int, int] | None = None    # fixed (p, d, t); the DP still chooses the stage split
     expert: tuple[int, int, int] | None = None   # the paper's expert placement (p, d, t): an even block split
@@ -60,6 +88,7 @@ class PlaceRequest(Request):
     contention: bool = True
     optimizer: str = "adam"                      # sgd, adam, adafactor: optimizer state in the HBM fit
     sync_model: str = "exposed"                  # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
+    grad_reduce_dtype: str = "bf16"              # the gradients' dtype: their memory and AllReduce bytes
     capture_blocks: int = 3                      # leading blocks captured per stack (more where kinds need)
     tp_from: str = "roles"                       # TP slices: "roles" (tp_roles.py) or "shard" (ILP sharding)
 
@@ -72,12 +101,13 @@ class PlaceRequest(Request):
             check_shard_model(self.model)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("sync_model", self.sync_model, SYNC_MODELS)
+        check_choice("grad_reduce_dtype", self.grad_reduce_dtype, GRAD_REDUCE_DTYPES)
         check_capture_blocks(self.model, self.capture_blocks)
         load_accelerator(self.arch)
         check_int("accelerators", self.accelerators)
         check_int("global_batch", self.global_batch)
-        if not (isinstance(self.hbm_gb, tuple) and self.hbm_gb
-                and all(is_number(h) and h > 0 for h in self.hbm_gb)):
+        if self.hbm_gb is not None and not (isinstance(self.hbm_gb, tuple) and self.hbm_gb
+                                            and all(is_number(h) and h > 0 for h in self.hbm_gb)):
             raise invalid("hbm_gb", f"must be one or more positive sizes in GB, got {self.hbm_gb!r}")
         check_bool("sequential", self.sequential)
         check_bool("contention", self.contention)
@@ -121,6 +151,7 @@ class PlaceResult(Result):
     schedule: str                   # "ilp" or "sequential"
     strategy: str = "dp"            # "dp" (best p, d, t), "fixed" (given p, d, t; DP split) or "expert"
     optimizer: str = "adam"         # the optimizer whose state the HBM fit counts
+    hbm: dict[str, Any] | None = None  # tried_gb (the HBM sizes tried) and their source
     # tp_from "shard" only (absent from to_dict otherwise): per TP width the role table derived from the
     # ILP sharding, where it differs from tp_roles.py, what it could not apply, and the role tables'
     # placement beside it (tp_shard.py)
@@ -193,13 +224,14 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
             stats[k] += v
         steps.stage("layers", microbatch=m, tmp=t, case=i, cases=len(cases))
     t0 = time.perf_counter()
+    hbm, hbm_source = hbm_sizes(req.arch, req.hbm_gb)
     if req.expert is not None:   # the same call as bench/phaze_tpuv4.py's expert column
-        best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, req.hbm_gb,
-                                  RECOMPUTE, LINK_BW, req.sync_model)
+        best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, hbm,
+                                  RECOMPUTE, LINK_BW, req.sync_model, req.grad_reduce_dtype)
     else:
         evaluate = None if req.fixed is None else fixed_evaluator(*req.fixed)
-        best, rows = sweep(layers[kind], req.accelerators, req.global_batch, req.hbm_gb, RECOMPUTE, LINK_BW,
-                           evaluate, req.sync_model)
+        best, rows = sweep(layers[kind], req.accelerators, req.global_batch, hbm, RECOMPUTE, LINK_BW,
+                           evaluate, req.sync_model, req.grad_reduce_dtype)
     if not cases:
         best.reason = (f"no microbatch size in {list(MICROBATCHES)} divides global batch {req.global_batch} "
                        f"with a TMP width in {list(widths)} <= {req.accelerators} accelerators")
@@ -224,7 +256,8 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
             tp_source["roles"] = {"throughput": 0.0, "feasible": False, "reason": str(e).splitlines()[0]}
     res = PlaceResult(**tp.summary(), area_mm2=accelerator_area_mm2(acc), accelerators=req.accelerators,
                       global_batch=req.global_batch, schedule=kind, strategy=strategy,
-                      optimizer=req.optimizer, tp_source=tp_source)
+                      optimizer=req.optimizer, tp_source=tp_source,
+                      hbm={"tried_gb": list(hbm), "source": hbm_source})
     steps.done(feasible=res.feasible, throughput=res.throughput)
     return res
 

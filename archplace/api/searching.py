@@ -59,6 +59,7 @@ class SearchRequest(Request):
     contention: bool = True
     optimizer: str = "adam"                 # sgd, adam, adafactor: optimizer state in the HBM fit
     sync_model: str = "exposed"             # gradient sync: "exposed" (1F1B) or "paper" (eq. 18)
+    grad_reduce_dtype: str = "bf16"         # the gradients' dtype: their memory and AllReduce bytes
     space: str | dict | None = None         # search-space YAML path or its content (None: Phaze Table 1)
     hysteresis: int = 6
     area_bucket_mm2: float = 0.01           # Phaze area bucket (0: exact areas)
@@ -88,7 +89,7 @@ class SearchRequest(Request):
             microbatches=self.microbatches, hbm_gb=self.hbm_gb, recompute=RECOMPUTE[self.recompute],
             seq=self.seq, ilp_budget=self.ilp_budget, ilp_time_limit_s=self.ilp_time_limit_s,
             contention=self.contention, optimizer=self.optimizer, sync_model=self.sync_model,
-            space=self._space_config(), schedule=self.schedule,
+            grad_reduce_dtype=self.grad_reduce_dtype, space=self._space_config(), schedule=self.schedule,
             tmp_widths={m: self.tmp_widths for m in self.models} if self.tmp_widths else {},
             capture_blocks=self.capture_blocks)
 
@@ -142,6 +143,7 @@ class SearchRequest(Request):
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("sync_model", self.sync_model, SYNC_MODELS)
+        check_choice("grad_reduce_dtype", self.grad_reduce_dtype, ("bf16", "fp16", "fp32"))
         for name in ("microbatches", "tmp_widths"):
             v = getattr(self, name)
             if not (v is None and name == "tmp_widths") and not (

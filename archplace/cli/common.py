@@ -98,13 +98,18 @@ OPTIMIZER_HELP = ("optimizer whose state the HBM fit counts, mixed precision as 
                   "parameter; adafactor = 2 + 2 + 4; sgd = 2 + 2 (the Phaze paper's setting)")
 SYNC_MODEL_HELP = ("gradient sync: exposed (default) charges the part of every stage's data-parallel "
                    "AllReduce that the 1F1B schedule cannot hide; paper keeps the Phaze paper's eq. 18 (the "
-                   "first stage's sync only), for its ablation")
+                   "first stage's sync only, priced by its formula 4(d-1)/d bytes/bw, twice a ring), for "
+                   "its ablation")
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
-    """--optimizer and --sync-model: how the training step is counted (place, search)."""
+    """--optimizer, --sync-model and --grad-reduce-dtype: how the training step is counted (place,
+    search)."""
     p.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam", help=OPTIMIZER_HELP)
     p.add_argument("--sync-model", choices=("exposed", "paper"), default="exposed", help=SYNC_MODEL_HELP)
+    p.add_argument("--grad-reduce-dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="the dtype gradients are kept and AllReduced in: bf16 (default, the parameters' "
+                        "dtype) or fp32 (twice the gradient memory and AllReduce bytes)")
 
 
 def add_ilp_budget_args(parser, budget: float, time_limit_s: float) -> None:

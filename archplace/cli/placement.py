@@ -33,14 +33,15 @@ def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
 
 
 def cmd_place(args) -> dict[str, Any]:
-    # without --hbm the sizes stay ints, as before: the JSON's configs rows echo them ("hbm_gb": 32)
+    # without --hbm the accelerator's own (a preset is the chip it names), or 32/64/80 for a design
     req = api.PlaceRequest(model_ref(args), args.arch, accelerators=args.accelerators,
-                           global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else (32, 64, 80),
+                           global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else None,
                            sequential=args.sequential, fixed=parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
                            ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit,
                            contention=not args.no_contention, optimizer=args.optimizer,
-                           sync_model=args.sync_model, capture_blocks=args.capture_blocks,
+                           sync_model=args.sync_model, grad_reduce_dtype=args.grad_reduce_dtype,
+                           capture_blocks=args.capture_blocks,
                            tp_from=args.tp_from)
     return api.place(req).to_dict()
 
@@ -94,10 +95,14 @@ def print_place(res: dict[str, Any]) -> None:
     _print_ilp(res.get("ilp") or {}, res["schedule"])
     if not pl["feasible"]:
         print(f"  infeasible: {pl.get('reason') or 'no placement fits (no reason given)'}")
+        h = res.get("hbm") or {}
+        if h:
+            print(f"  HBM tried    {', '.join(f'{x:g}' for x in h['tried_gb'])} GiB ({h['source']})")
         return
     print(f"  throughput   {res['throughput']:.2f} samples/s ({pl['time_per_batch_s']:.3f} s per batch)")
     print(f"  placement    p={pl['p']} d={pl['d']} t={pl['t']}, microbatch {pl['microbatch']}, "
-          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GB, "
+          f"{'recompute' if pl['recompute'] else 'stash'}, HBM {pl['hbm_gb']:g} GiB "
+          f"({(res.get('hbm') or {}).get('source', 'asked')}), "
           f"{res.get('optimizer', 'adam')} optimizer state")
     worst = max(range(len(pl["stages"])), key=lambda k: pl["stages"][k]["exposed_s"], default=None)
     if worst is not None:
@@ -167,7 +172,9 @@ def add_place_parser(sub) -> None:
                     help="evaluate exactly the expert placement {p,d,t} (paper: the Phaze paper's Table 4 "
                          "strategy for MODEL): an even split of the transformer blocks over p stages, as "
                          "bench/phaze_tpuv4.py")
-    pl.add_argument("--hbm", type=float, help="HBM size in GB (default: search 32, 64, 80)")
+    pl.add_argument("--hbm", type=float,
+                    help="HBM size in GiB (default: the accelerator's own, e.g. 32 for tpuv4; 32, 64 and 80 "
+                         "are tried for an architecture file that gives no hbm_gb)")
     pl.add_argument("--seq", type=int, default=None)
     pl.add_argument("--sequential", action="store_true",
                     help="layer schedules without the ILP: every op intra-op parallel in sequence")

@@ -41,7 +41,8 @@ def cmd_search(args) -> dict[str, Any]:
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
-        capture_blocks=args.capture_blocks, screen_top_k=args.screen_top_k,
+        grad_reduce_dtype=args.grad_reduce_dtype, capture_blocks=args.capture_blocks,
+        screen_top_k=args.screen_top_k,
         screen_prune=args.screen_prune)
     req = dataclasses.replace(req, **_codesign_args(args))
     try:
@@ -169,7 +170,9 @@ def add_search_parser(sub) -> None:
     se.add_argument("--wait-timeout", type=float, default=600.0,
                     help="seconds to wait for the cluster's first CPU and the model graphs")
     se.add_argument("--microbatches", default="1,2,4,8")
-    se.add_argument("--hbm", default="32,64,80", help="HBM sizes in GB")
+    se.add_argument("--hbm", default="32,64,80",
+                    help="HBM sizes in GiB each searched architecture is tried at (the reference TPUv4 "
+                         "keeps its own 32 GiB: it is the chip it names)")
     se.add_argument("--recompute", choices=sorted(api.RECOMPUTE), default="both")
     se.add_argument("--seq", type=int, default=None)
     se.add_argument("--tmp-widths", help="TMP widths to consider, e.g. 1,2 (default: each model's own)")

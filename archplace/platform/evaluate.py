@@ -32,6 +32,15 @@ def arch_columns(acc) -> dict[str, Any]:
             "area_mm2": float(accelerator_area_mm2(acc)), "is_reference": key == arch_key(TPUV4)}
 
 
+def hbm_for(acc, settings) -> tuple[float, ...]:
+    """The HBM sizes (GiB) an architecture's placements try: the search's ``hbm_gb`` (HBM is a design
+    choice of the architectures searched), except for the reference TPUv4, which is the chip it names
+    (its own 32 GiB), so no baseline quietly runs with more HBM than its chip."""
+    from ..hardware.presets import TPUV4
+
+    return (TPUV4.hbm_gb,) if arch_key(acc) == arch_key(TPUV4) else tuple(settings.hbm_gb)
+
+
 def expert_for(model: str, num_devices: int) -> tuple[int, int, int] | None:
     from ..workloads.models import EXPERT_STRATEGIES
 
@@ -41,18 +50,19 @@ def expert_for(model: str, num_devices: int) -> tuple[int, int, int] | None:
 
 def dp_for_microbatch(layers_by_t: dict[int, PlacementLayers], num_devices: int, global_batch: int, mbs: int,
                       hbm_gb: tuple[float, ...], recompute: tuple[bool, ...], link_bw: float,
-                      expert_pdt: tuple[int, int, int] | None, sync_model: str = "exposed") -> dict[str, Any]:
+                      expert_pdt: tuple[int, int, int] | None, sync_model: str = "exposed",
+                      grad_reduce_dtype: str = "bf16") -> dict[str, Any]:
     """The placement DP for one microbatch size over HBM sizes and recomputation, and the expert
     strategy's throughput when one is given."""
     from ..algorithms.solvers.throughput import expert_sweep, sweep
 
     t0 = time.perf_counter()
     best, _ = sweep({mbs: layers_by_t}, num_devices, global_batch, hbm_gb, recompute, link_bw,
-                    sync_model=sync_model)
+                    sync_model=sync_model, grad_reduce_dtype=grad_reduce_dtype)
     expert = None
     if expert_pdt is not None and expert_pdt[2] in layers_by_t:
         expert, _ = expert_sweep({mbs: layers_by_t}, expert_pdt, num_devices, global_batch, hbm_gb, recompute,
-                                 link_bw, sync_model)
+                                 link_bw, sync_model, grad_reduce_dtype)
     return {"best": best, "expert": expert, "dp_s": time.perf_counter() - t0}
 
 
@@ -110,9 +120,10 @@ def evaluate_sequential(arch: dict[str, Any], settings, graphs: dict[tuple[str, 
                                                              optimizer=settings.optimizer)
         t1 = time.perf_counter()
         expert = expert_for(model, settings.num_devices)
-        outs = [dp_for_microbatch(lys, settings.num_devices, settings.global_batch, mbs, settings.hbm_gb,
+        hbm = hbm_for(acc, settings)
+        outs = [dp_for_microbatch(lys, settings.num_devices, settings.global_batch, mbs, hbm,
                                   settings.recompute, settings.link_bw_bytes_per_s, expert,
-                                  settings.sync_model)
+                                  settings.sync_model, settings.grad_reduce_dtype)
                 for mbs, lys in by_mbs.items()]
         row = {**common, **placement_row(model, outs, expert), "schedule": "sequential",
                "estimate_s": t1 - t0, "ilp_s": 0.0}

@@ -30,10 +30,12 @@ per-layer times fw_l, bw_l (the same ``latency_components`` all-cores latencies,
 * a pipeline holds at least s devices (t per stage that has a TMP-sliced layer, 1 per other stage),
   so d <= d_max(s) = min(B, K // min devices per pipeline) and d is one of ``_d_candidates`` (the
   smallest d of each ceil(B/d): among the d sharing a ceil(B/d), the sync below grows with d);
-* every stage fits its HBM: sum_k (2 w_k + opt_k + act_k) <= s * max(hbm_gb), so s >= s_min (an
+* every stage fits its HBM: sum_k ((1 + g) w_k + opt_k + act_k) <= s * max(hbm_gb) (g: gradient bytes
+  per weight byte), so s >= s_min (an
   architecture-independent number: the memory of a layer does not depend on the architecture);
 * exposed sync (``sync_model="exposed"``, linear layer graphs): exposed_k >= c_d W_k - Q(f_k) with
-  c_d = 4 (d - 1) / (d * link_bw) (eq. 18), W_k the stage's weight bytes and Q(f_k) the backward time
+  c_d = f (d - 1) / (d * link_bw) (f = ``grad_sync.sync_factor``: 2 for a ring of bf16 gradients,
+  4 for fp32 ones or the paper's eq. 18), W_k the stage's weight bytes and Q(f_k) the backward time
   of the layers before its first layer f_k (0 for the first stage). The stage holding layer j starts at
   some i <= j, so max_k exposed_k >= max_j min_{i<=j} (c_d (Wc[j+1] - Wc[i]) - Q[i]) (prefix sums Wc,
   a running maximum); the mean over the s stages gives max_k exposed_k >= (c_d W + a_2 tied - sum of the
@@ -94,7 +96,11 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
     n = len(g.nodes["layer"])
     ly = placement_layers(g, np.zeros(n), np.zeros(n), sequential=True, optimizer=settings.optimizer)
     L, K = ly.num_layers, settings.num_devices
-    const = 2 * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float) \
+    from ..algorithms.solvers.grad_sync import PARAM_BYTES
+    from ..simulators.collectives import grad_reduce_bytes_per_param
+
+    g_ratio = grad_reduce_bytes_per_param(getattr(settings, "grad_reduce_dtype", "bf16")) / PARAM_BYTES
+    const = (1 + g_ratio) * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float) \
         + np.asarray(ly.activation_bytes, float)
     hbm = max(settings.hbm_gb) * 2**30
     if float(const.max()) > hbm:
@@ -137,6 +143,7 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
 
 def _case_bound(a, case: _Case, settings) -> np.ndarray:
     """Lower bound on F (seconds per batch) for every architecture of ``a`` (``ArchArrays``)."""
+    from ..algorithms.solvers.grad_sync import sync_factor
     from ..algorithms.solvers.placement import _d_candidates
     from ..simulators.latency import latency_components
 
@@ -159,7 +166,8 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
     d_max = np.minimum(B, K // case.min_devices)                                            # (S,)
     ok = dc[None, :] <= d_max[:, None]                                                      # (S, D)
     flush = np.ceil(B / dc)[None, :] + s[:, None] - 1                                       # (S, D)
-    c = 4.0 * (dc - 1.0) / dc / bw_link                                                     # (D,) s/byte
+    f = sync_factor(settings.sync_model, getattr(settings, "grad_reduce_dtype", "bf16"))  # 2: a bf16 ring
+    c = f * (dc - 1.0) / dc / bw_link                                                       # (D,) s/byte
     if settings.sync_model == "paper" and case.linear:   # the first stage holds layer 0
         E = (c * case.weights[0])[None, None, :]
     elif settings.sync_model == "paper":
@@ -174,7 +182,7 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
         # the mean over the stages: (c W - the s - 1 largest Q[1..L-1]) / s
         top = np.concatenate([np.zeros((A, 1)), np.cumsum(Q[:, L - 1:0:-1], axis=1)], axis=1)  # (A, L)
         r = (s - 1).astype(int)
-        tied2 = 2.0 / bw_link * multi                  # allreduce over the 2 tied stages (s > 1 only)
+        tied2 = f * 0.5 / bw_link * multi              # allreduce over the 2 tied stages (s > 1 only)
         e_avg = (c[None, None, :] * Wc[-1] + (tied2 * case.tied.sum())[None, :, None]
                  - top[:, r][:, :, None]) / s[None, :, None]                                # (A, S, D)
         # the first stage (window 0) holds layer 0: its weights and, with s > 1, its tied bytes

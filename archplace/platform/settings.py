@@ -30,6 +30,7 @@ class SearchSettings:
     seq: int | None = None
     optimizer: str = "adam"         # sgd | adam | adafactor: optimizer state in the memory fit
     sync_model: str = "exposed"     # gradient sync: "exposed" (1F1B overlap) or "paper" (eq. 18)
+    grad_reduce_dtype: str = "bf16"  # the gradients' dtype: their memory and the AllReduce's bytes
     link_bw_bytes_per_s: float = PHAZE_LINK_BW_BYTES_PER_S
     ilp_budget: float = SEARCH_ILP_BUDGET  # per layer slice, deterministic seconds (the answer's budget)
     ilp_time_limit_s: float = SEARCH_ILP_TIME_LIMIT_S  # per layer slice, wall-clock safety limit

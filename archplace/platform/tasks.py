@@ -85,13 +85,14 @@ def solve_task(items: list[tuple[str, Any]], settings: dict[str, Any]) -> list[d
 @ray.remote(num_cpus=1, max_retries=TASK_RETRIES, scheduling_strategy=SPREAD)
 def dp_task(layers_by_t: dict[int, Any], num_devices: int, global_batch: int, mbs: int,
             hbm_gb: tuple[float, ...], recompute: tuple[bool, ...], link_bw: float,
-            expert_pdt: tuple[int, int, int] | None, sync_model: str = "exposed") -> dict[str, Any]:
+            expert_pdt: tuple[int, int, int] | None, sync_model: str = "exposed",
+            grad_reduce_dtype: str = "bf16") -> dict[str, Any]:
     """The placement DP for one microbatch size over HBM sizes and recomputation, and the expert
     strategy's throughput when one is given."""
     from .evaluate import dp_for_microbatch
 
     out = dp_for_microbatch(layers_by_t, num_devices, global_batch, mbs, hbm_gb, recompute, link_bw,
-                            expert_pdt, sync_model)
+                            expert_pdt, sync_model, grad_reduce_dtype)
     return {**out, "node_id": ray.get_runtime_context().get_node_id()}
 
 

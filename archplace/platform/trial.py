@@ -27,7 +27,7 @@ import ray
 
 from ..algorithms.solvers.placement import PlacementLayers
 from ..algorithms.solvers.throughput import slice_report, slice_summary
-from .evaluate import arch_columns, arch_key, expert_for, placement_row
+from .evaluate import arch_columns, arch_key, expert_for, hbm_for, placement_row
 from .settings import SearchSettings
 from .tasks import dp_task, get, prepare_task, sequential_task, solve_task
 
@@ -169,8 +169,9 @@ def evaluate_architecture(acc, settings: SearchSettings, graphs: dict[tuple[str,
             by_mbs.setdefault(mbs, {})[t] = dataclasses.replace(base, forward_s=fw, backward_s=bw)
         expert = expert_for(m, settings.num_devices)
         dp_refs[m] = (expert, [dp_task.remote(lys, settings.num_devices, settings.global_batch, mbs,
-                                              settings.hbm_gb, settings.recompute,
-                                              settings.link_bw_bytes_per_s, expert, settings.sync_model)
+                                              hbm_for(acc, settings), settings.recompute,
+                                              settings.link_bw_bytes_per_s, expert, settings.sync_model,
+                                              settings.grad_reduce_dtype)
                                for mbs, lys in by_mbs.items()])
     for m, (expert, refs) in dp_refs.items():
         outs = get(refs, f"placement DP of {common['arch_key']} for {m}", timeout_s)

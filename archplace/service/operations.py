@@ -106,7 +106,7 @@ def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
         return api.place(
             api.PlaceRequest(
                 arch=arch, fixed=tuple(fixed) if fixed else None, expert=tuple(expert) if expert else None,
-                hbm_gb=tuple(req.pop("hbm_gb")), **req
+                hbm_gb=tuple(req.pop("hbm_gb")) if req.get("hbm_gb") else None, **req
             )
         ).to_dict()
     if kind == "partition":

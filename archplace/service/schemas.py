@@ -369,8 +369,9 @@ class EvaluateRequest(Strict):
     arch: Annotated[str, Field(max_length=32)] | ArchFields = "tpuv4"
     accelerators: int = Field(default=1024, ge=1, le=65_536)
     global_batch: int = Field(default=4096, ge=1, le=2**24)
-    hbm_gb: list[Annotated[float, Field(gt=0, le=4096, allow_inf_nan=False)]] = Field(
-        default_factory=lambda: [32.0, 64.0, 80.0], min_length=1, max_length=8
+    # None: the accelerator's own (a preset is the chip it names), 32/64/80 for a design without one
+    hbm_gb: list[Annotated[float, Field(gt=0, le=4096, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1, max_length=8
     )
     sequential: bool = False
     fixed: list[Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
@@ -387,6 +388,8 @@ class EvaluateRequest(Strict):
     contention: bool = True  # False: the paper's model (concurrent ops each get the full HBM/GLB bandwidth)
     optimizer: Literal["sgd", "adam", "adafactor"] = "adam"  # optimizer state counted in the HBM fit
     sync_model: Literal["exposed", "paper"] = "exposed"  # gradient sync: 1F1B-exposed or eq. 18
+    # the gradients' dtype: their memory and the AllReduce's bytes (archplace place --grad-reduce-dtype)
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     capture_blocks: int = Field(default=3, ge=3, le=1024)  # leading blocks captured per stack
     # TP slices: Megatron's role tables, or the ILP sharding of `shard --algo ilp` (archplace place --tp-from)
     tp_from: Literal["roles", "shard"] = "roles"

@@ -48,8 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from ...simulators.collectives import grad_reduce_bytes_per_param
 from . import placement_kernel as _kernel
-from .grad_sync import allreduce_s, check_sync_model, stage_sync
+from .grad_sync import PARAM_BYTES, allreduce_s, check_sync_model, stage_sync, sync_factor
 
 INF = math.inf
 SYNC_ROUNDS = 40          # most ε rounds of the exposed-sync DP
@@ -120,9 +121,11 @@ class TrainingSetup:
     recompute: bool
     bandwidth: float  # bytes/s between accelerators (flat network)
     sync_model: str = "exposed"  # "exposed" (1F1B overlap, grad_sync.py) or "paper" (eq. 18)
+    grad_reduce_dtype: str = "bf16"  # the gradients' dtype: what they occupy and what the AllReduce moves
 
     def __post_init__(self) -> None:
         check_sync_model(self.sync_model)
+        grad_reduce_bytes_per_param(self.grad_reduce_dtype)
         for f in ("num_devices", "global_batch", "microbatch"):
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or v < 1:
@@ -136,6 +139,16 @@ class TrainingSetup:
     @property
     def microbatches(self) -> int:
         return self.global_batch // self.microbatch
+
+    @property
+    def sync_factor(self) -> float:
+        """``grad_sync.sync_factor``: 2 (a ring of bf16 gradients), 4 for fp32 ones or the paper's eq. 18."""
+        return sync_factor(self.sync_model, self.grad_reduce_dtype)
+
+    @property
+    def grad_bytes_ratio(self) -> float:
+        """Gradient bytes per weight byte (1 for bf16 gradients of bf16 weights, 2 for fp32 ones)."""
+        return grad_reduce_bytes_per_param(self.grad_reduce_dtype) / PARAM_BYTES
 
 
 @dataclass
@@ -167,6 +180,7 @@ class Placement:
     reason: str = ""
     sync_model: str = "exposed"
     exposed_sync_s: float = 0.0  # max over stages of exposed_s, part of time_per_batch_s
+    grad_reduce_dtype: str = "bf16"
 
     def summary(self) -> dict[str, Any]:
         """Plain JSON: times that do not exist (an infeasible placement) are ``None``, with ``reason``."""
@@ -178,6 +192,9 @@ class Placement:
                "microbatch": self.microbatch, "recompute": self.recompute,
                "hbm_gb": self.hbm_bytes / 2**30, "max_load_s": num(self.max_load_s),
                "sync_model": self.sync_model, "exposed_sync_s": self.exposed_sync_s,
+               "grad_reduce_dtype": self.grad_reduce_dtype,
+               "allreduce": ("Phaze eq. 18: 4(d-1)/d * bytes / bw" if self.sync_model == "paper"
+                             else "ring: 2(d-1)/d * bytes / bw"),
                "stages": [{"first": s.first, "last": s.last, "devices": s.devices, "load_s": s.load_s,
                            "memory_bytes": s.memory_bytes, "sync_s": s.sync_s, "window_s": s.window_s,
                            "exposed_s": s.exposed_s,
@@ -234,7 +251,8 @@ def _stage_tables(ly: PlacementLayers, setup: TrainingSetup) -> _StageTables:
     S = np.maximum.accumulate(R[:, ::-1], axis=1)[:, ::-1]  # [j, i] = max over u >= i
     bw_load = S.T - Q[:, None]  # [i, j]
     sum_fw = P[None, :] - P[:, None]
-    per_layer = 2 * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float) + \
+    per_layer = (1 + setup.grad_bytes_ratio) * np.asarray(ly.weight_bytes, float) \
+        + np.asarray(ly.optimizer_bytes, float) + \
         np.asarray(ly.activation_bytes, float)
     C = np.concatenate([[0.0], np.cumsum(per_layer)])
     W = np.concatenate([[0.0], np.cumsum(np.asarray(ly.weight_bytes, float))])
@@ -295,9 +313,9 @@ def _best_d(x: np.ndarray, weights: np.ndarray, per_pipe: np.ndarray, s: int, se
         if not len(ds):
             continue
         flush = np.ceil(B / ds)[:, None] + s - 1
-        sync = allreduce_s(weights[sel][None, :], ds[:, None], setup.bandwidth)
+        sync = allreduce_s(weights[sel][None, :], ds[:, None], setup.bandwidth, setup.sync_factor)
         if tied is not None and s > 1:
-            sync = sync + allreduce_s(tied[sel], 2, setup.bandwidth)[None, :]
+            sync = sync + allreduce_s(tied[sel], 2, setup.bandwidth, setup.sync_factor)[None, :]
         if suffix_e is not None:
             sync = np.maximum(sync, suffix_e[sel][None, :])
         val = flush * x[sel][None, :] + sync
@@ -340,7 +358,8 @@ def placement_of_stages(ly: PlacementLayers, setup: TrainingSetup, parts: list[l
     tied = np.asarray(ly.tied_bytes, float)
     s = len(parts)
     sync = stage_sync([w[p].sum() for p in parts], [tied[p].sum() for p in parts],
-                      [bwd[:min(p)].sum() for p in parts], d, setup.bandwidth, setup.sync_model)
+                      [bwd[:min(p)].sum() for p in parts], d, setup.bandwidth, setup.sync_model,
+                      setup.grad_reduce_dtype)
     x = max(loads)
     F = (math.ceil(setup.microbatches / d) + s - 1) * x + sync.exposed_total_s
     stages = [Stage(min(p), max(p), n, ld, mem, tuple(ly.names[u] for u in p) if ly.names else (),
@@ -348,6 +367,7 @@ def placement_of_stages(ly: PlacementLayers, setup: TrainingSetup, parts: list[l
               for k, (p, ld, mem, n) in enumerate(zip(parts, loads, mems, devices))]
     return Placement(True, F, setup.global_batch / F, s, d, ly.tmp, setup.microbatch, setup.recompute,
                      setup.hbm_bytes, x, stages, sync_model=setup.sync_model,
+                     grad_reduce_dtype=setup.grad_reduce_dtype,
                      exposed_sync_s=sync.exposed_total_s)
 
 
@@ -374,7 +394,8 @@ def _infeasible(ly: PlacementLayers, setup: TrainingSetup) -> Placement:
     """Why nothing fits, checked in order: the weights, gradients and optimizer state of the whole
     model against the HBM of all devices; one layer's state and activations against one device's
     HBM; else the activations stashed for in-flight microbatches."""
-    state = 2 * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float)
+    state = (1 + setup.grad_bytes_ratio) * np.asarray(ly.weight_bytes, float) \
+        + np.asarray(ly.optimizer_bytes, float)
     one = state + np.asarray(ly.activation_bytes, float)
     # every layer's state is on one device of a width-t group (a TP layer's slice on each of t)
     total = float(np.where(np.asarray(ly.tensor_parallel, bool), ly.tmp, 1) @ state)
@@ -430,7 +451,8 @@ def _linear_round_tables(T, setup, t, s_max, m_max, nt, max_s, e, eps, fixed, d_
         float(eps), int(s_max), int(m_max), int(t), int(B), int(setup.num_devices),
         -1 if fixed is None else int(fixed[0]), -1 if fixed is None else int(fixed[1]),
         int(d_range[0]), int(d_range[1]), float(incumbent), T.weights[0, 1:], T.tied[0, 1:],
-        float(setup.bandwidth), _d_candidates(B, max(1, min(setup.num_devices, B))), not exact,
+        float(setup.bandwidth), float(setup.sync_factor), _d_candidates(B, max(1, min(setup.num_devices, B))),
+        not exact,
         prev[0] if inc else _NO_PREV_F, prev[1] if inc else _NO_PREV_F, prev[2] if inc else _NO_PREV_ARG, inc)
     DP_STATS["rounds"] += 1
     DP_STATS["work"] += int(work)
@@ -458,8 +480,9 @@ def _place_linear(ly, setup, s_max, m_max, fixed) -> Placement:
     for d_range in _d_levels(setup, fixed)[::-1]:
         e, eps = None, INF
         if setup.sync_model == "exposed":  # each non-first stage's exposed sync at the range's top d
-            e = np.maximum(0.0, allreduce_s(T.weights, d_range[1], setup.bandwidth)
-                           + allreduce_s(T.tied, 2, setup.bandwidth) - T.backward_before[:, None])
+            c = setup.sync_factor
+            e = np.maximum(0.0, allreduce_s(T.weights, d_range[1], setup.bandwidth, c)
+                           + allreduce_s(T.tied, 2, setup.bandwidth, c) - T.backward_before[:, None])
         floor, floor_set = _level_floor(x_free, setup, d_range), x_free
         if floor >= best[0]:
             continue  # no placement with d in this range can beat the best, whatever its sync
@@ -548,7 +571,8 @@ def stage_cost(ly: PlacementLayers, setup: TrainingSetup, layers: list[int]) -> 
     act = float(np.asarray(ly.activation_bytes, float)[layers].sum())
     incoming = float(np.asarray(ly.edge_bytes, float)[inside[dst] & ~inside[src]].sum())
     return {"plain": f_load + t, "recompute": f_load + fw[layers].sum() + t,
-            "const": float((2 * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float)
+            "const": float(((1 + setup.grad_bytes_ratio) * np.asarray(ly.weight_bytes, float)
+                            + np.asarray(ly.optimizer_bytes, float)
                             + np.asarray(ly.activation_bytes, float))[layers].sum()),
             "stash": incoming if setup.recompute else act,
             "weights": float(np.asarray(ly.weight_bytes, float)[layers].sum()),
@@ -575,8 +599,9 @@ def _place_general(ly, setup, s_max, m_max, fixed) -> Placement:
     best, best_arg = (INF, 0, 0, 0, 0), None
     for d_range in _d_levels(setup, fixed)[::-1]:
         for c in cost.values():  # a non-first stage's exposed sync at the range's top d
-            c["exposed"] = max(0.0, float(allreduce_s(c["weights"], d_range[1], setup.bandwidth)
-                                          + allreduce_s(c["tied"], 2, setup.bandwidth)) - c["before"])
+            f = setup.sync_factor
+            c["exposed"] = max(0.0, float(allreduce_s(c["weights"], d_range[1], setup.bandwidth, f)
+                                          + allreduce_s(c["tied"], 2, setup.bandwidth, f)) - c["before"])
         eps = INF
         for _ in range(SYNC_ROUNDS if exposed_model else 1):
             cand, arg, g_top, bound = _general_round(ds, index, cost, setup, t, s_max, m_max, fixed,

@@ -41,14 +41,14 @@ except ImportError:  # pragma: no cover
 INF = math.inf
 
 
-def _allreduce(num_bytes, copies, bandwidth):
+def _allreduce(num_bytes, copies, bandwidth, factor):
     """``grad_sync.allreduce_s`` for scalars, with numpy's operation order (bit for bit)."""
-    return 4.0 * (copies - 1.0) / copies * num_bytes / bandwidth
+    return factor * (copies - 1.0) / copies * num_bytes / bandwidth
 
 
 def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps, s_max, m_max, t, B, K,
-                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, d_all, prune, prev_f, prev_g,
-                 prev_arg, incremental):
+                 fixed_s, fixed_d, d_lo, d_hi, incumbent, w0, tied0, bandwidth, sync_factor, d_all, prune,
+                 prev_f, prev_g, prev_arg, incremental):
     """``placement._linear_round`` (see there for the meaning). ``fixed_s``/``fixed_d`` are -1 when not
     fixed; ``w0``/``tied0`` are the first stage's weights/tied bytes for [0, j), j = 1..L; ``d_all`` is
     ``_d_candidates(B, min(K, B))`` (a smaller d_max keeps the prefix of it at or below d_max).
@@ -220,9 +220,9 @@ def linear_round(load_plain, load_recompute, recompute, max_s, nt, e, has_e, eps
                     if not xf < (lF if lF < bF else bF):
                         continue
                     work += 1
-                    sync = _allreduce(cw[c], float(d), bandwidth)
+                    sync = _allreduce(cw[c], float(d), bandwidth, sync_factor)
                     if has_e and s > 1:
-                        sync = sync + _allreduce(ct[c], 2.0, bandwidth)
+                        sync = sync + _allreduce(ct[c], 2.0, bandwidth, sync_factor)
                     if has_e:
                         sync = sync if sync > sfx[c] else sfx[c]
                     val = xf + sync

@@ -196,7 +196,8 @@ def prepare_layers(model: str, acc: Accelerator, microbatches=(1, 2, 4, 8), tmp_
 
 def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int, global_batch: int,
           hbm_gb=(32, 64, 80), recompute=(False, True), link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
-          evaluate=None, sync_model: str = "exposed") -> tuple[Placement, list[dict[str, Any]]]:
+          evaluate=None, sync_model: str = "exposed", grad_reduce_dtype: str = "bf16"
+          ) -> tuple[Placement, list[dict[str, Any]]]:
     """Best placement over microbatch, HBM size and recomputation. ``evaluate(layers_by_t, setup)``
     defaults to the DP over TMP widths (``best_placement``); ``sync_model`` charges the gradient sync
     (``grad_sync.py``: "exposed", or the paper's eq. 18)."""
@@ -207,7 +208,8 @@ def sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], num_devices: int
     for mbs, layers in layers_by_mbs.items():
         for hbm in hbm_gb:
             for rec in recompute:
-                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw, sync_model)
+                setup = TrainingSetup(num_devices, global_batch, mbs, hbm * 2**30, rec, link_bw, sync_model,
+                                      grad_reduce_dtype)
                 res = evaluate(layers, setup)
                 rows.append({"microbatch": mbs, "hbm_gb": hbm, "recompute": rec, "feasible": res.feasible,
                              "throughput": res.throughput if res.feasible else 0.0,
@@ -246,8 +248,8 @@ def fixed_evaluator(p: int, d: int, t: int):
 
 def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tuple[int, int, int],
                  num_devices: int, global_batch: int, hbm_gb=(32, 64, 80), recompute=(False, True),
-                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, sync_model: str = "exposed"
-                 ) -> tuple[Placement, list[dict[str, Any]]]:
+                 link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, sync_model: str = "exposed",
+                 grad_reduce_dtype: str = "bf16") -> tuple[Placement, list[dict[str, Any]]]:
     """The best expert placement {p, d, t} over microbatch, HBM and recomputation: what
     ``archplace place --expert``, the search's expert column and bench/phaze_tpuv4.py report."""
     p, d, t = pdt
@@ -255,14 +257,14 @@ def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tupl
     if not only_t:
         return Placement(False, t=t, reason=f"no layer graph for tmp width {t}"), []
     return sweep(only_t, num_devices, global_batch, hbm_gb, recompute, link_bw, expert_evaluator(p, d, t),
-                 sync_model)
+                 sync_model, grad_reduce_dtype)
 
 
 def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, global_batch: int = 4096,
                      microbatches=(1, 2, 4, 8), hbm_gb=(32, 64, 80), recompute=(False, True),
                      tmp_widths=None, optimizer: str = "adam", link_bw: float = PHAZE_LINK_BW_BYTES_PER_S,
                      sequential: bool = False, fixed: tuple[int, int, int] | None = None,
-                     seq: int | None = None, sync_model: str = "exposed",
+                     seq: int | None = None, sync_model: str = "exposed", grad_reduce_dtype: str = "bf16",
                      **solve_kw: Any) -> ThroughputResult:
     """Best training throughput (samples/s) of ``model`` on ``num_devices`` copies of ``acc``.
 
@@ -277,6 +279,6 @@ def model_throughput(model: str, acc: Accelerator, num_devices: int = 1024, glob
     t0 = time.perf_counter()
     evaluate = None if fixed is None else fixed_evaluator(*fixed)
     best, rows = sweep(layers[kind], num_devices, global_batch, hbm_gb, recompute, link_bw, evaluate,
-                       sync_model)
+                       sync_model, grad_reduce_dtype)
     timing["dp_s"] = time.perf_counter() - t0
     return ThroughputResult(model, acc, best, rows, timing, stats)
