@@ -120,6 +120,9 @@ class PartitionResult(DetailsResult):
     chip_latency_s: list[float]
     assignment: dict[str, int]      # operator name -> chiplet
     reason: str | None = None       # why the partition is invalid (throughput 0); None when valid
+    status: str = "ok"              # "ok" (valid), "invalid" (none found that fits, though one may), or
+                                    # "infeasible" (the memory bound proves none fits: no search ran)
+    memory_bound_bytes: float = 0.0  # every partition has a chip peaking at >= this (mcm.MemoryBound)
     details: dict[str, Any] = field(default_factory=dict)  # ppo: valid_samples, pretrained, mode, ...
     wall_s: float = 0.0
 
@@ -128,11 +131,17 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> PartitionResult:
     """Partition a model over the chiplets of an MCM. Stages: ``graph``, ``greedy``, ``search`` (all
     algorithms but greedy), ``polish`` (when ``polish > 0`` or ``polish_subsolves``), ``done``.
-    ``algo="ppo"`` raises RuntimeError unless Ray is running."""
+    ``algo="ppo"`` raises RuntimeError unless Ray is running.
+
+    Before any search the memory lower bound (``mcm.memory_lower_bound``: the largest op's own footprint,
+    the weights spread evenly) is compared with the chiplet SRAM: above it no partition can fit, and the
+    result says so at once (``status`` "infeasible", the bound in ``reason``). Otherwise every algorithm
+    searches memory-aware (the greedy cuts and the repairs move ops off chips over SRAM, issue 44); a
+    search that still finds no partition that fits ends ``status`` "invalid"."""
     from ..algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
     from ..algorithms.solvers.mcm_repair import MCMRepairer
     from ..hardware.presets import mcm_package
-    from ..simulators.mcm import MCMProblem, evaluate
+    from ..simulators.mcm import MCMProblem, evaluate, memory_lower_bound
 
     req.validate()
     if req.needs_ray:
@@ -146,8 +155,18 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
 
         g = build_graph(req.model, seq=req.seq, mbs=req.mbs, training=False, bytes_per_element=1)
     problem = MCMProblem.from_graph(g, mcm_package(req.chiplets))
-    rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
+    bound = memory_lower_bound(problem)
     steps.stage("graph", nodes=problem.num_nodes, edges=problem.num_edges)
+    if not bound.fits:
+        res = PartitionResult(
+            model=req.model, chiplets=req.chiplets, algo=req.algo, samples=0, nodes=problem.num_nodes,
+            edges=problem.num_edges, valid=False, throughput=0.0, greedy_throughput=0.0, improvement=None,
+            chips_used=0, chip_latency_s=[], assignment={},
+            reason=f"infeasible: {bound.describe(problem)}; no partition fits, so no search ran",
+            status="infeasible", memory_bound_bytes=bound.peak_bytes, wall_s=time.perf_counter() - t0)
+        steps.done(throughput=0.0, improvement=None)
+        return res
+    rep = MCMRepairer(problem.num_chips, problem.src, problem.dst, num_nodes=problem.num_nodes)
     g_part, g_tp, g_rep = greedy(problem, seed=req.seed, repairer=rep, with_repair=True)
     steps.stage("greedy", throughput=g_tp)
     details: dict[str, Any] = {"greedy_repair_stage": g_rep.stage, "greedy_repair_changed": g_rep.changed}
@@ -200,17 +219,15 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         edges=problem.num_edges, valid=bool(ev.valid[0]), throughput=tp, greedy_throughput=g_tp,
         improvement=tp / g_tp if g_tp > 0 else None, chips_used=int(part.max()) + 1,
         chip_latency_s=ev.latency_s[0].tolist(), assignment={n: int(c) for n, c in zip(names, part)},
-        details=details, wall_s=time.perf_counter() - t0)
+        memory_bound_bytes=bound.peak_bytes, details=details, wall_s=time.perf_counter() - t0)
     if not res.valid:
         from ..simulators.mcm import check
 
         why = check(problem, part)
+        res.status = "invalid"
         res.reason = (f"the best partition found is invalid ({'; '.join(why) or 'no constraint named'}); "
-                      f"an invalid partition scores 0")
-        need, have = float(problem.weight_bytes.sum()), problem.num_chips * float(problem.sram_bytes)
-        if need > have:
-            res.reason += (f"; no partition can fit: the weights alone take {need / 2**20:.1f} MB, more than "
-                           f"{problem.num_chips} chiplets × {problem.sram_bytes / 2**20:g} MB")
+                      f"an invalid partition scores 0; {bound.describe(problem)}, so one that fits may "
+                      f"exist but the search found none")
     steps.done(throughput=tp, improvement=res.improvement)
     return res
 

@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
             show(res)
     except BrokenPipeError:  # `archplace ... | head`: the reader left, nothing is wrong
         sys.stderr.close()
-    return 0
+    return partitioning.exit_status(res) if args.command == "partition" else 0  # 1: no partition fits

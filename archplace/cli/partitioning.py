@@ -21,10 +21,20 @@ def cmd_partition(args) -> dict[str, Any]:
     return api.partition(req).to_dict()
 
 
+def exit_status(res: dict[str, Any]) -> int:
+    """The command's exit status: 0 with a partition that fits, 1 without one (``status`` "infeasible":
+    the memory bound rules every partition out; "invalid": the search found none), as opposed to 2 for
+    bad input."""
+    return 0 if res.get("valid") else 1
+
+
 def print_partition(res: dict[str, Any]) -> None:
     imp = res["improvement"]
     print(f"{res['model']} ({res['nodes']} nodes) on {res['chiplets']} chiplets [{res['algo']}, "
           f"{res['samples']} samples, {res['wall_s']:.1f} s]")
+    if res.get("status") == "infeasible":
+        print(f"  INFEASIBLE   {res['reason']}")
+        return
     if not res["valid"]:
         print(f"  INVALID      {res['reason']}")
     print(f"  throughput   {res['throughput']:.2f} /s  ({imp:.3f}× the greedy heuristic's "

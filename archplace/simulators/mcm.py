@@ -605,3 +605,56 @@ def greedy_partition(problem: MCMProblem) -> np.ndarray:
             chip += 1
             acc = 0.0
     return f
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """A lower bound on the peak memory of the fullest chip, valid for *every* partition of a problem
+    (statically valid or not, on any number of the chips), from the memory model above:
+
+    - ``op_bytes``: when op u runs (position ``pos[u]`` on chip ``f[u]``) its weights are resident there
+      and its own output and the output of each distinct predecessor are live there (each such interval
+      on ``f[u]`` reaches ``pos[u]``), so some chip peaks at >= ``weight[u] + out[u] + sum of out[p]``
+      (whole bytes, as the model counts them); ``op_bytes`` is the largest over u, set by ``op``;
+    - ``spread_bytes``: the weights stay resident, so the fullest of the ``C`` chips holds at least
+      ``sum(weight) / C``.
+
+    ``peak_bytes`` is the larger. When it exceeds ``sram_bytes`` no partition fits (``fits`` False):
+    partitioners report that before any search. When it does not, a partition may still not exist
+    (the bound ignores Eqs. 2-4 and how ops share chips); the partitioners then search for one."""
+
+    peak_bytes: float
+    op_bytes: float
+    op: int
+    spread_bytes: float
+    sram_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.sram_bytes
+
+    def describe(self, problem: MCMProblem) -> str:
+        """One line naming the bound, what sets it and the SRAM it is compared with."""
+        mb = self.sram_bytes / MB
+        if self.op_bytes >= self.spread_bytes:
+            name = problem.names[self.op] if problem.names else f"op {self.op}"
+            what = (f"op {name} alone needs {self.op_bytes / MB:.2f} MB on its chip (weights, output and "
+                    f"inputs)")
+        else:
+            what = (f"the weights ({float(problem.weight_bytes.sum()) / MB:.2f} MB) spread over "
+                    f"{problem.num_chips} chiplets leave {self.spread_bytes / MB:.2f} MB on the fullest")
+        rel = ">" if not self.fits else "<="
+        return f"memory lower bound {self.peak_bytes / MB:.2f} MB {rel} {mb:g} MB SRAM per chiplet: {what}"
+
+
+def memory_lower_bound(problem: MCMProblem) -> MemoryBound:
+    """The :class:`MemoryBound` of ``problem`` (O(N + E))."""
+    out = np.ceil(problem.out_bytes)
+    pairs = np.unique(np.stack([problem.src, problem.dst], axis=1), axis=0) if problem.num_edges else \
+        np.zeros((0, 2), dtype=np.int64)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    inputs = np.bincount(pairs[:, 1], weights=out[pairs[:, 0]], minlength=problem.num_nodes)
+    foot = problem.weight_bytes + out + inputs
+    op = int(np.argmax(foot))
+    spread = float(problem.weight_bytes.sum()) / problem.num_chips
+    return MemoryBound(max(float(foot[op]), spread), float(foot[op]), op, spread, problem.sram_bytes)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...simulators.mcm import MCMProblem, evaluate, greedy_partition
-from ..solvers.mcm_repair import MCMRepairer
+from ..solvers.mcm_repair import MCMRepairer, RepairResult
+from ..solvers.mcm_repair.memory import fix_memory, memory_greedy_partition
 
 
 @dataclass
@@ -48,6 +49,23 @@ class SearchTrace:
         return int(hit[0]) + 1 if len(hit) else None
 
 
+def _scored(problem: MCMProblem, part: np.ndarray | None, stats: RepairStats,
+            memory_fix: bool) -> tuple[np.ndarray | None, float]:
+    """A repaired sample and its throughput; with ``memory_fix`` one that meets Eqs. 2-4 but is over
+    SRAM is replaced by its ``fix_memory`` result (counted in ``stats``: ``memory_fixes`` tried,
+    ``memory_fixed`` that fit after it). Without the fix, every sample of a problem whose time-balanced
+    partitions overflow a chip (bert-base on 8 chiplets: the word table's chip) would score 0."""
+    if part is None:
+        return None, 0.0
+    ev = evaluate(problem, part)
+    if memory_fix and ev.static_ok[0] and not ev.memory_ok[0]:
+        fx = fix_memory(problem, part)
+        stats.memory(fx.valid)
+        if fx.valid:
+            return fx.partition, float(evaluate(problem, fx.partition).throughput[0])
+    return part, float(ev.throughput[0])
+
+
 class RepairStats:
     """How the repairs of a search went: repairs per stage family (``stage_family``), and the changed
     nodes (as a fraction of the graph) of those given a proposal. The chain stages are the last-resort
@@ -58,6 +76,12 @@ class RepairStats:
         self.num_nodes = max(int(num_nodes), 1)
         self.stages: dict[str, int] = {}
         self.changed: list[float] = []
+        self.memory_fixes = self.memory_fixed = 0
+
+    def memory(self, fitted: bool) -> None:
+        """One ``fix_memory`` call on a sample over SRAM; ``fitted``: it fits after the fix."""
+        self.memory_fixes += 1
+        self.memory_fixed += int(fitted)
 
     def add(self, stage: str | None, changed: int | None = None) -> None:
         fam = stage_family(stage)
@@ -70,7 +94,8 @@ class RepairStats:
         chain = sum(c for s, c in self.stages.items() if s.startswith("chain"))
         return {"repairs": n, "repair_stages": dict(sorted(self.stages.items())),
                 "repair_chain_share": chain / n if n else 0.0,
-                "repair_changed_median": float(np.median(self.changed)) if self.changed else None}
+                "repair_changed_median": float(np.median(self.changed)) if self.changed else None,
+                "repair_memory_fixes": self.memory_fixes, "repair_memory_fixed": self.memory_fixed}
 
 
 def stage_family(stage: str | None) -> str:
@@ -95,14 +120,44 @@ def greedy(problem: MCMProblem, seed: int = 0, repairer: MCMRepairer | None = No
     res = rep.repair("fix", y=y, seed=seed, time_limit_s=time_limit_s)
     if res.partition is None:
         raise RuntimeError(f"FIX repair of the greedy partition ended {res.status}")
+    ev = evaluate(problem, res.partition)
+    if ev.static_ok[0] and not ev.memory_ok[0]:
+        res = _greedy_memory(problem, rep, res, seed, time_limit_s)
     tp = float(evaluate(problem, res.partition).throughput[0])
     return (res.partition, tp, res) if with_repair else (res.partition, tp)
 
 
+def _greedy_memory(problem: MCMProblem, rep: MCMRepairer, res: RepairResult, seed: int,
+                   time_limit_s: float) -> RepairResult:
+    """The greedy heuristic when its partition is over SRAM (issue 44): the better valid one of (a) the
+    repaired greedy partition with ops moved off the chips over SRAM (``fix_memory``) and (b) the
+    memory-aware greedy (``memory_greedy_partition``: cuts that respect SRAM, the compute re-balanced
+    over the chips after a cut memory forced), FIX-repaired and memory-fixed the same way. Only runs
+    when the plain greedy fails memory, so every partition that fitted before is unchanged. ``stage``
+    says which one won ("<repair stage>+memory-fix" or "<repair stage>+memory-greedy"); ``changed``
+    counts the nodes away from the plain greedy partition. When neither fits, the plain one is returned
+    (the caller reports why it is invalid)."""
+    y0 = greedy_partition(problem)
+    best, best_tp = res, 0.0
+    mg = rep.repair("fix", y=memory_greedy_partition(problem), seed=seed, time_limit_s=time_limit_s)
+    for label, start in (("memory-fix", res), ("memory-greedy", mg)):
+        if start.partition is None:
+            continue
+        fx = fix_memory(problem, start.partition)
+        tp = float(evaluate(problem, fx.partition).throughput[0]) if fx.valid else 0.0
+        if tp > best_tp:
+            best_tp = tp
+            best = RepairResult(fx.partition, "valid", int((fx.partition != y0).sum()), start.failures,
+                                start.branches, start.wall_s, f"{start.stage or 'none'}+{label}")
+    return best
+
+
 def random_search(problem: MCMProblem, samples: int, seed: int = 0,
-                  repairer: MCMRepairer | None = None, time_limit_s: float | None = None) -> SearchTrace:
+                  repairer: MCMRepairer | None = None, time_limit_s: float | None = None, *,
+                  memory_fix: bool = True) -> SearchTrace:
     """Uniform distribution through SAMPLE repair (the paper's Random); with ``time_limit_s`` it stops
-    at that wall time too (``samples`` is then an upper bound)."""
+    at that wall time too (``samples`` is then an upper bound). ``memory_fix``: a sample over SRAM has
+    ops moved off its full chips (``fix_memory``) before it is scored (:func:`_scored`)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     rep = repairer or _repairer(problem)
@@ -118,24 +173,26 @@ def random_search(problem: MCMProblem, samples: int, seed: int = 0,
             break
         res = rep.repair("sample", probs=probs, seed=seed * 1_000_003 + k)
         stats.add(res.stage)
-        tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
+        part, tp = _scored(problem, res.partition, stats, memory_fix)
         valid += tp > 0
         if tp > best:
-            best, best_part = tp, res.partition
+            best, best_part = tp, part
         trace[k] = best
     return SearchTrace("random", trace[:done], best_part, valid, time.perf_counter() - t0, stats.summary())
 
 
 def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset_fraction: float = 0.1,
                         temp_start: float = 0.05, temp_end: float = 0.001,
-                        repairer: MCMRepairer | None = None, time_limit_s: float | None = None
-                        ) -> SearchTrace:
+                        repairer: MCMRepairer | None = None, time_limit_s: float | None = None, *,
+                        memory_fix: bool = True) -> SearchTrace:
     """SA over per-node distributions (paper §5.1). A move redraws the distributions of
     ``subset_fraction`` of the nodes from a flat Dirichlet; the solver samples a partition from the
     new distributions; it is accepted with probability min(1, exp((T_new/T_cur - 1) / temp)), temp
     falling geometrically from ``temp_start`` to ``temp_end`` (relative throughput units). With
     ``time_limit_s`` the schedule runs on the larger of the sample and the wall-time fractions and the
-    search stops at that wall time."""
+    search stops at that wall time. ``memory_fix`` as in :func:`random_search`: a move whose sample is
+    over SRAM is scored (and accepted or rejected) on its memory-fixed partition, or at 0 when the fix
+    fails, so the chain never settles on distributions whose partitions do not fit."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if not 0 < subset_fraction <= 1:
@@ -166,10 +223,10 @@ def simulated_annealing(problem: MCMProblem, samples: int, seed: int = 0, subset
             cand[nodes] = rng.dirichlet(np.ones(c), size=k_nodes)
         res = rep.repair("sample", probs=cand, seed=int(rng.integers(2**31)))
         stats.add(res.stage)
-        tp = float(evaluate(problem, res.partition).throughput[0]) if res.partition is not None else 0.0
+        part, tp = _scored(problem, res.partition, stats, memory_fix)
         valid += tp > 0
         if tp > best:
-            best, best_part = tp, res.partition
+            best, best_part = tp, part
         if k == 0 or tp >= cur or (cur > 0 and rng.random() < np.exp((tp / cur - 1.0) / temp)):
             probs, cur = cand, tp
             accepted += 1
