@@ -57,7 +57,7 @@ def print_graph(res: dict[str, Any]) -> None:
         print(f"  WARNING      unmapped ops counted as element-wise: {', '.join(res['unmapped_ops'])}")
 
 
-_GPU_ONLY = ("dtype", "attention", "op_model", "profile")
+_GPU_ONLY = ("dtype", "attention", "op_model", "profile", "global_batch")
 
 
 def cmd_estimate(args) -> dict[str, Any]:
@@ -71,7 +71,8 @@ def cmd_estimate(args) -> dict[str, Any]:
         req = api.GpuEstimateRequest(model_ref(args), args.gpu, mbs=args.mbs, seq=args.seq,
                                      dtype=args.dtype or "bf16", attention=args.attention or "eager",
                                      op_model=args.op_model, profile=args.profile,
-                                     capture_blocks=args.capture_blocks, optimizer=args.optimizer)
+                                     capture_blocks=args.capture_blocks, optimizer=args.optimizer,
+                                     global_batch=args.global_batch)
         return api.estimate_gpu(req).to_dict()
     if args.arch is None:
         raise ValueError("--arch ACCELERATOR or --gpu NAME is required")
@@ -102,10 +103,21 @@ def _print_gpu_estimate(res: dict[str, Any]) -> None:
     print(f"{res['model']} on one {res['gpu']['label']} ({res['gpu']['name']}), {res['dtype']}, "
           f"microbatch {res['mbs']}, seq {res['seq']}, attention {res['attention']}  [{om['op_model']}]")
     print(f"  op model     {om['note']}")
+    if om.get("bias"):
+        print(f"  bias         {om['bias']}")
     fl = res["achieved_flops_per_s"]
-    print(f"  step         {res['step_time_s'] * 1e3:.3f} ms (forward {res['forward_s'] * 1e3:.3f}, backward "
-          f"{res['backward_s'] * 1e3:.3f}), {fmt_flops(res['flops'])}"
-          + (f", {fl / 1e12:.1f} TFLOP/s achieved" if fl else ""))
+    n = res.get("microbatches", 1)
+    opt = res.get("optimizer")
+    micro_s = res.get("microbatch_time_s") or res["step_time_s"]
+    upd = (f" + {opt['optimizer']} update {res['optimizer_s'] * 1e3:.3f} ms ({opt['bytes_per_param']:g} B x "
+           f"{opt['params'] / 1e9:.3g} G params at {opt['hbm_bytes_per_s'] / 1e12:.2f} TB/s)") if opt else ""
+    print(f"  step         {res['step_time_s'] * 1e3:.3f} ms = "
+          + (f"{n} micro-batches x " if n > 1 else "micro-batch ")
+          + f"{micro_s * 1e3:.3f} ms (forward {res['forward_s'] * 1e3:.3f}, backward "
+          f"{res['backward_s'] * 1e3:.3f}){upd}; global batch {res.get('global_batch') or res['mbs']}")
+    print(f"  compute      {fmt_flops(n * res['flops'])}"
+          + (f", {fl / 1e12:.1f} TFLOP/s achieved" if fl else "")
+          + (f", MFU {res['mfu']:.1%}" if res.get("mfu") is not None else ""))
     fa = res.get("fused_attention")
     if fa:
         left = f"; left eager: {fa['left_eager']}" if fa["left_eager"] else ""
@@ -114,8 +126,11 @@ def _print_gpu_estimate(res: dict[str, Any]) -> None:
     mem = res["memory"]
     print(f"  memory       {fmt_bytes(mem['total_bytes'])}: weights {fmt_bytes(mem['weight_bytes'])}, "
           f"gradients {fmt_bytes(mem['gradient_bytes'])}, {mem['optimizer']} state "
-          f"{fmt_bytes(mem['optimizer_bytes'])}, activations {fmt_bytes(mem['activation_bytes'])}")
-    print("  by kind      " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in
+          f"{fmt_bytes(mem['optimizer_bytes'])}, activations {fmt_bytes(mem['activation_bytes'])}"
+          + (f" (GPU {fmt_bytes(mem['gpu_bytes'])})" if mem.get("gpu_bytes") else ""))
+    if res.get("fits") is False:
+        print(f"  WARNING      does not fit: {res['reason']}")
+    print("  by kind (one micro-batch) " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in
                                       sorted(res["by_kind_s"].items(), key=lambda kv: -kv[1]) if v))
     rows = res["layers"]
     shown = rows if len(rows) <= 8 else [*rows[:4], None, *rows[-3:]]
@@ -194,8 +209,12 @@ def add_estimate_parser(sub) -> None:
                    help="--gpu: eager (default, as captured: the score matrix goes through HBM) or sdpa "
                         "(fused, FlashAttention's IO-aware traffic)")
     e.add_argument("--op-model", choices=("roofline", "calibrated", "profiled"), default=None,
-                   help="--gpu: op-time model (default: calibrated where measured data exist for the GPU, "
-                        "else roofline)")
+                   help="--gpu: op-time model (default calibrated: measured on the H200, scaled by peak "
+                        "ratios on the other GPUs; roofline is 22-32%% optimistic on published A100 runs)")
+    e.add_argument("--global-batch", type=int, default=None,
+                   help="--gpu: samples per optimizer step, a multiple of --mbs: the step runs global-batch "
+                        "/ mbs micro-batches (gradient accumulation), then the optimizer update "
+                        "(default: --mbs)")
     e.add_argument("--profile", default=None, metavar="FILE",
                    help="--gpu: measured op times (archplace profile); implies --op-model profiled")
     e.add_argument("--optimizer", choices=("sgd", "adam", "adafactor"), default="adam", help=OPTIMIZER_HELP)

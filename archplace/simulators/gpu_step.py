@@ -1,4 +1,5 @@
-"""One training step (forward + backward) of a model on one GPU, from per-op times.
+"""One training step of a model on one GPU: forward + backward of each micro-batch from per-op times,
+then the optimizer update.
 
 One GPU runs a training step's kernels one after another on one stream (PyTorch eager, no CUDA graphs,
 no overlap of independent kernels), so the step time is the sum of the op times that
@@ -7,6 +8,11 @@ backward ops of each layer (``meta["layers"]``), so they add up to the step.
 
 ``SRAM_BYTES`` is the on-chip memory a fused attention kernel tiles for (the ``M`` of FlashAttention's
 Algorithm 1, ``workloads/attention_fusion.py``): the shared memory one thread block may use on an SM.
+
+The optimizer update is memory-bound, as ``simulators/train_step.py`` prices it: the bytes it reads and
+writes per parameter (:func:`optimizer_update_bytes_per_param`) times the parameters, at the HBM
+bandwidth. A step of ``G / mbs`` accumulated micro-batches is ``G / mbs`` micro-batch times plus one
+update (:func:`accumulated_step_s`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 
 from ..hardware.gpus import GPUSpec
 from ..workloads.graph import OpGraph
+from ..workloads.layers import MASTER_COPY_BYTES, optimizer_bytes_per_param
 from ..workloads.ops import DTYPE_BYTES
 from .gpu_ops import OpTimes, gpu_op_times
 
@@ -112,3 +119,89 @@ def training_step(graph: OpGraph, gpu: GPUSpec, *, dtype: str, op_model: str | N
     return GpuStep(step_time_s=float(t.sum()), forward_s=float(t[~bwd].sum()), backward_s=float(t[bwd].sum()),
                    layers=rows, by_core_s=_sums(nd["core"], t), by_kind_s=_sums(nd["kind"], t),
                    flops=float(nd["flops"].sum()), moved_bytes=float(moved_bytes(nd).sum()), op_times=ot)
+
+
+# ------------------------------------------------------------------------------------- the optimizer
+
+def optimizer_update_bytes_per_param(optimizer: str, bytes_per_element: int) -> float:
+    """HBM bytes one optimizer update reads and writes per parameter, counted the way
+    ``bench/gpu_validation.py`` counts Megatron's Adam (46 B at bf16) and generalised from the optimizer
+    state that ``workloads.layers.optimizer_bytes_per_param`` keeps (``S``: fp32 master copy and moments).
+    With a master copy (parameters narrower than fp32 and an optimizer that keeps one) the gradients are
+    accumulated in fp32 (``g`` = 4 bytes), else in the parameters' precision (``g`` = bytes per element):
+
+    - the update: read the gradient (``g``), read and write the state (``2 S``); without a master copy the
+      parameter itself is read and written (``2 · bytes_per_element``);
+    - gradient-norm clipping reads the gradient (``g``); mixed precision also reads it for the unscale /
+      inf check (``g``);
+    - with a master copy, the master is copied to the parameter (read 4, write ``bytes_per_element``);
+    - the gradient buffer is zeroed for the next step (write ``g``).
+
+    Adam: 46 B at bf16/fp16, 36 B at fp32; SGD (no state, the Phaze setting): 12 / 20 B; Adafactor
+    (factored moments counted 0, as the memory model does): 30 / 20 B."""
+    bpe = int(bytes_per_element)
+    if bpe not in DTYPE_BYTES.values():
+        raise ValueError(f"bytes_per_element is {bytes_per_element!r}; "
+                         f"allowed: {sorted(set(DTYPE_BYTES.values()))}")
+    state = optimizer_bytes_per_param(optimizer, bpe)  # ValueError naming the optimizers
+    master = bpe < 4 and state >= MASTER_COPY_BYTES
+    g = 4 if master else bpe
+    update = g + 2 * state + (0 if master else 2 * bpe)
+    clip = g + (g if bpe < 4 else 0)
+    copy = (MASTER_COPY_BYTES + bpe) if master else 0
+    return float(update + clip + copy + g)
+
+
+def optimizer_step_s(params: float, bytes_per_param: float, hbm_bytes_per_s: float) -> float:
+    """The memory-bound update: ``params · bytes_per_param / hbm_bytes_per_s`` (``train_step.step_time``'s
+    ``optimizer_s``)."""
+    if params < 0 or bytes_per_param < 0:
+        raise ValueError(f"params and bytes_per_param must be >= 0, got {params!r}, {bytes_per_param!r}")
+    if not hbm_bytes_per_s > 0:
+        raise ValueError(f"hbm_bytes_per_s must be > 0, got {hbm_bytes_per_s!r}")
+    return float(params) * float(bytes_per_param) / float(hbm_bytes_per_s)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """One optimizer update on one GPU: ``params`` parameters, ``bytes_per_param`` HBM traffic each."""
+
+    optimizer: str
+    params: int
+    bytes_per_param: float
+    hbm_bytes_per_s: float
+    time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "params": self.params, "bytes_per_param": self.bytes_per_param,
+                "hbm_bytes_per_s": self.hbm_bytes_per_s, "time_s": self.time_s}
+
+
+def optimizer_step(params: int, optimizer: str, gpu: GPUSpec, *, bytes_per_element: int) -> OptimizerStep:
+    """The update of ``params`` parameters held at ``bytes_per_element`` under ``optimizer`` on ``gpu``,
+    at its datasheet HBM bandwidth."""
+    b = optimizer_update_bytes_per_param(optimizer, bytes_per_element)
+    return OptimizerStep(optimizer, int(params), b, gpu.hbm_bytes_per_s,
+                         optimizer_step_s(params, b, gpu.hbm_bytes_per_s))
+
+
+def graph_params(graph: OpGraph) -> int:
+    """Parameters of a graph: its forward rows' weight bytes over its bytes per element (what the memory
+    model counts as weights)."""
+    bpe = int(graph.meta.get("bytes_per_element", 2) or 2)
+    return int(graph.nodes["weight_bytes"][~graph.nodes["is_backward"]].sum()) // bpe
+
+
+def microbatch_count(global_batch: int, mbs: int) -> int:
+    """``global_batch / mbs``; a global batch that is not a positive multiple of the micro-batch is a
+    ValueError naming global_batch."""
+    if mbs < 1 or global_batch < mbs or global_batch % mbs:
+        raise ValueError(f"global_batch must be a positive multiple of the micro-batch {mbs}, "
+                         f"got {global_batch!r}")
+    return global_batch // mbs
+
+
+def accumulated_step_s(microbatch_s: float, microbatches: int, optimizer_s: float) -> float:
+    """Gradient accumulation on one GPU: the micro-batches run one after another (no overlap on one
+    stream), then one optimizer update."""
+    return microbatches * microbatch_s + optimizer_s
