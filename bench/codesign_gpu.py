@@ -10,10 +10,16 @@ stops on its deterministic sub-problem budget), so the answer does not depend on
 
 Writes ``--out`` (default bench/results/codesign_gpu.json) with commit, command, load
 (``bench/_meta.py``), code version, the settings, every point as a compact table, the fronts and the
-best designs, and ``--plot`` (default beside it, .png) when matplotlib is installed.
+best designs, and ``--plot`` (default beside it, .png) when matplotlib is installed. Also (issue 44):
+
+- ``network_price_sensitivity``: the all-model front again with the network's price per Gb/s-hour
+  scaled by 0 (a free network, the first sweep's pricing), 0.25 and 2 (times do not depend on the
+  price, so no point is re-planned);
+- ``tracked``: where the ``--track`` shapes end up (on a front or not, their rank by cost per step and
+  by time, and which front point beats them), each evaluated apart when the sample did not draw it.
 
     python bench/codesign_gpu.py [--points 1000] [--models bert-48,t5-3b] [--workers 1] [--seed 0]
-                                 [--space FILE.yaml] [--out FILE.json] [--plot FILE.png]
+                                 [--space FILE.yaml] [--out FILE.json] [--plot FILE.png] [--track A,B]
 """
 
 from __future__ import annotations
@@ -35,7 +41,12 @@ from _meta import code_version, command, git_state, machine  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 # the columns of the compact table of every point (per model: M.<field>)
 SHAPE_COLS = ("gpu", "gpus_per_server", "num_servers", "intra_class", "inter_class", "num_gpus",
+              "network_gbps_per_server", "inter_server_bytes_per_s", "listed", "network_usd_per_hour",
               "price_per_hour_usd", "iteration_time_s", "cost_per_step_usd", "memory_fit", "wall_s")
+# the issue-44 shape: 2 x p4d (its 400 Gb/s of EFA shared by 8 GPUs), and the same servers with a p5's
+# 3,200 Gb/s network (the per-GPU rate the first sweep gave every "ib-ndr-400g" shape, at most PCIe)
+TRACK = "a100-40gb-2x8-nvlink-efa-400g,a100-40gb-2x8-nvlink-efa-3200g"
+NETWORK_PRICE_SCALES = (0.0, 0.25, 1.0, 2.0)
 MODEL_COLS = ("iteration_time_s", "cost_per_step_usd", "memory_fit", "stages", "devices", "peak_memory_gib",
               "proven_optimal", "dp_states", "dp_subproblems", "simulator_calls", "dp_wall_s")
 
@@ -55,7 +66,7 @@ def compact(rows: list[dict], models: list[str]) -> dict:
 
 def front_summary(front: list[dict], models: list[str], x: str, y: str) -> list[dict]:
     keep = ("shape", "gpu", "gpus_per_server", "num_servers", "intra_class", "inter_class", "num_gpus",
-            "price_per_hour_usd", "price_basis")
+            "inter_server_bytes_per_s", "listed", "price_per_hour_usd", "network_usd_per_hour", "price_basis")
     out = []
     for r in front:
         d = {k: r[k] for k in keep}
@@ -65,6 +76,55 @@ def front_summary(front: list[dict], models: list[str], x: str, y: str) -> list[
                                                 "cut_layers", "peak_memory_gib")}
         out.append(d)
     return out
+
+
+def config_of_name(name: str, space: dict) -> dict:
+    """The shape config of a name ``GPU-SxG-INTRA-INTER`` (``ClusterShape.name``), read against the
+    space's GPU and class lists (GPU and class names hold dashes); a one-line error otherwise."""
+    from archplace.hardware.gpu_cluster_space import CLUSTER_GPUS, INTER_CLASSES, INTRA_CLASSES
+
+    for g in CLUSTER_GPUS:
+        for intra in INTRA_CLASSES:
+            for inter in INTER_CLASSES:
+                head, tail = f"{g}-", f"-{intra}-{inter}"
+                if name.startswith(head) and name.endswith(tail):
+                    mid = name[len(head):len(name) - len(tail)]
+                    s, _, gp = mid.partition("x")
+                    if s.isdigit() and gp.isdigit():
+                        return {"gpu": g, "gpus_per_server": int(gp), "num_servers": int(s),
+                                "intra_class": intra, "inter_class": inter}
+    raise ValueError(f"--track shape {name!r} is not GPU-SxG-INTRA-INTER of the space's lists")
+
+
+def repriced(rows: list[dict], models: list[str], scale: float) -> list[dict]:
+    """The rows with prices at ``scale`` x the network's price per Gb/s-hour (times unchanged)."""
+    from archplace.hardware.cluster_prices import NETWORK_USD_PER_GBPS_HOUR, price_per_hour_usd
+    from archplace.hardware.gpu_cluster_space import shape_from_config
+
+    out = []
+    for r in rows:
+        price = price_per_hour_usd(shape_from_config(r), scale * NETWORK_USD_PER_GBPS_HOUR)
+        q = {**r, "price_per_hour_usd": price}
+        for m in models:
+            t = r[f"{m}.iteration_time_s"]
+            q[f"{m}.cost_per_step_usd"] = None if t is None else t * price / 3600.0
+        q["cost_per_step_usd"] = None if r["iteration_time_s"] is None else \
+            r["iteration_time_s"] * price / 3600.0
+        out.append(q)
+    return out
+
+
+def where(row: dict, rows: list[dict], front: list[dict], x: str, y: str) -> dict:
+    """Where ``row`` stands among ``rows`` on (x, y): on the front, its rank on each axis (1 = best),
+    and the front points that beat it on both."""
+    if row.get(x) is None or row.get(y) is None:
+        return {"fits": False}
+    ok = [r for r in rows if r.get(x) is not None and r.get(y) is not None]
+    beats = [f["shape"] for f in front if f[x] <= row[x] and f[y] <= row[y]
+             and (f[x] < row[x] or f[y] < row[y])]
+    return {"fits": True, x: row[x], y: row[y], "on_front": not beats,
+            "rank_by_cost": 1 + sum(r[x] < row[x] for r in ok),
+            "rank_by_time": 1 + sum(r[y] < row[y] for r in ok), "of": len(ok), "dominated_by": beats}
 
 
 def plot(path: Path, rows: list[dict], models: list[str]) -> bool:
@@ -116,17 +176,19 @@ def main() -> int:
     ap.add_argument("--max-wall-s", type=float, default=6 * 3600.0, help="outer safety limit only")
     ap.add_argument("--out", default=str(RESULTS / "codesign_gpu.json"))
     ap.add_argument("--plot", default=None, help="PNG (default: --out with .png)")
+    ap.add_argument("--track", default=TRACK, help="shapes to place against the fronts (comma list)")
     args = ap.parse_args()
     load = os.getloadavg()
 
-    from archplace.hardware.cluster_prices import PRICE_TABLE
-    from archplace.hardware.gpu_cluster_space import load_space, sample_points
+    from archplace.hardware.cluster_prices import NETWORK_USD_PER_GBPS_HOUR, PRICE_TABLE, network_usd_per_hour
+    from archplace.hardware.gpu_cluster_space import NETWORKS, load_space, sample_points, shape_from_config
     from archplace.platform.gpu_cluster_trial import pareto_front
 
     models = [m for m in args.models.split(",") if m]
     space = load_space(args.space)
     training = space["training"]
     configs = sample_points(space, args.points, seed=args.seed)
+    track = [config_of_name(n, space) for n in args.track.split(",") if n]
     chunks = [configs[i:i + args.chunk] for i in range(0, len(configs), args.chunk)]
     print(f"{len(configs)} points x {len(models)} models ({', '.join(models)}), {len(chunks)} chunks, "
           f"workers {args.workers}", flush=True)
@@ -172,6 +234,23 @@ def main() -> int:
     fit = [r for r in rows if r["memory_fit"]]
     best_time = min(fit, key=lambda r: (r["iteration_time_s"], r["cost_per_step_usd"]), default=None)
     best_cost = min(fit, key=lambda r: (r["cost_per_step_usd"], r["iteration_time_s"]), default=None)
+    sens = {}
+    for scale in NETWORK_PRICE_SCALES:
+        rp = repriced(rows, models, scale)
+        f = pareto_front(rp, *axes["all"])
+        sens[f"{scale:g}"] = {"network_usd_per_gbps_hour": scale * NETWORK_USD_PER_GBPS_HOUR,
+                              "front": [(r["shape"], r["price_per_hour_usd"], r["iteration_time_s"],
+                                         r["cost_per_step_usd"]) for r in f]}
+    by_name = {r["shape"]: r for r in rows}
+    tracked = {}
+    for c in track:
+        name = shape_from_config(c).name
+        sampled = name in by_name
+        r = by_name[name] if sampled else evaluate_chunk([c], models, training)[0]
+        tracked[name] = {"sampled": sampled, "price_per_hour_usd": r["price_per_hour_usd"],
+                         "price_basis": r["price_basis"],
+                         "inter_server_bytes_per_s": r["inter_server_bytes_per_s"],
+                         **{k: where(r, rows, fronts[k], *axes[k]) for k in axes}}
     calls = sum(r[f"{m}.simulator_calls"] for r in rows for m in models)
     states = sum(r[f"{m}.dp_states"] for r in rows for m in models)
     out = {"bench": "codesign_gpu", **git_state(), "command": command(), "machine": machine(load),
@@ -181,6 +260,9 @@ def main() -> int:
                         "chunk": args.chunk, "space_content": space,
                         "space": args.space or "archplace/tune_configs/gpu_cluster_space.yaml"},
            "prices": {g: {**vars(r), "usd_per_gpu_hour": r.usd_per_gpu_hour} for g, r in PRICE_TABLE.items()},
+           "network_usd_per_gbps_hour": NETWORK_USD_PER_GBPS_HOUR,
+           "networks": {n: {**vars(v), "usd_per_server_hour": network_usd_per_hour(n)}
+                        for n, v in NETWORKS.items()},
            "points_done": len(rows), "stopped": stopped, "wall_s": wall, "ray_init_s": ray_init_s,
            "mean_point_wall_s": (sum(r["wall_s"] for r in rows) / len(rows)) if rows else None,
            "dp_states": int(states), "simulator_calls": int(calls),
@@ -191,6 +273,7 @@ def main() -> int:
            "best_cost": front_summary([best_cost], models, "cost_per_step_usd", "iteration_time_s")[0]
            if best_cost else None,
            "pareto_front": {k: front_summary(v, models, *axes[k]) for k, v in fronts.items()},
+           "network_price_sensitivity": sens, "tracked": tracked,
            "points": compact(rows, models)}
     png = (Path(args.plot) if args.plot else Path(args.out).with_suffix(".png")).resolve()
     root = Path(__file__).resolve().parents[1]
@@ -207,6 +290,10 @@ def main() -> int:
     for r in fronts["all"]:
         print(f"{r['shape']:38s} {r['price_per_hour_usd']:8.2f} {r['iteration_time_s']:12.4f} "
               f"{r['cost_per_step_usd']:10.5f}")
+    for k, v in sens.items():
+        print(f"network price x{k}: front {[f[0] for f in v['front']]}")
+    for k, v in tracked.items():
+        print(f"tracked {k}: sampled {v['sampled']}, all models {v['all']}")
     print(f"wrote {args.out}" + (f" and {png}" if out["plot"] else ""))
     return 0
 

@@ -12,8 +12,8 @@ from archplace.cli import main
 from archplace.hardware.gpu_cluster_space import shape_from_config
 from archplace.platform.gpu_cluster_trial import evaluate_cluster
 
-TWO = ("cluster: {gpu: [a100-40gb], gpus_per_server: [8], num_servers: [2], intra_class: [nvlink], "
-       "inter_class: [eth-25g, ib-hdr-200g]}\n")
+TWO = ("cluster: {gpu: [a100-40gb], gpus_per_server: [8], num_servers: [2], intra_class: [pcie, nvlink], "
+       "inter_class: [efa-400g]}\n")
 
 
 def test_target_checks_name_the_field():
@@ -27,9 +27,10 @@ def test_target_checks_name_the_field():
 
 @pytest.mark.slow   # about 35 s on the shared 2-core machine (two trial workers each build the profile)
 def test_gpu_cluster_search_end_to_end(ray_session, tmp_path, capsys):
-    """Two shapes with the same GPUs, count and price; one has the faster network between the servers,
-    which the pipeline's cut crosses: it is strictly faster at the same price, so it is the best design
-    and the whole Pareto front; best.json's plan is the trial's (evaluate_cluster's) plan."""
+    """Two shapes with the same GPUs, count, network and price (the intra-server class is not priced);
+    one has NVLink inside the servers, where each stage all-reduces: it is strictly faster at the same
+    price, so it is the best design and the whole Pareto front; best.json's plan is the trial's
+    (evaluate_cluster's) plan."""
     space = tmp_path / "two.yaml"
     space.write_text(TWO)
     out = tmp_path / "o"
@@ -38,10 +39,10 @@ def test_gpu_cluster_search_end_to_end(ray_session, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["target"] == "gpu-cluster" and res["evaluated"] == 2 and res["failed"] == 0
     fast = {"gpu": "a100-40gb", "gpus_per_server": 8, "num_servers": 2, "intra_class": "nvlink",
-            "inter_class": "ib-hdr-200g"}
+            "inter_class": "efa-400g"}
     want = evaluate_cluster(shape_from_config(fast), ["bert-large"])
     c = res["common"]
-    assert c["hardware"]["inter_class"] == "ib-hdr-200g"
+    assert c["hardware"]["intra_class"] == "nvlink"
     assert c["cost_usd"] == pytest.approx(want["price_per_hour_usd"], rel=1e-12)
     p = c["per_model"]["bert-large"]
     assert p["iteration_time_s"] == want["bert-large.iteration_time_s"]
@@ -49,7 +50,7 @@ def test_gpu_cluster_search_end_to_end(ray_session, tmp_path, capsys):
     assert p["plan"]["cuts"] == want["bert-large.cuts"] and p["plan"]["devices"] == want["bert-large.devices"]
     assert [d["arch_key"] for d in res["pareto"]] == [shape_from_config(fast).name]
     rows = pq.read_table(out / "evaluations.parquet").to_pylist()
-    slow = next(r for r in rows if "eth-25g" in r["arch_key"])
+    slow = next(r for r in rows if "pcie" in r["arch_key"])
     assert slow["price_per_hour_usd"] == pytest.approx(want["price_per_hour_usd"])
     assert 0 < slow["throughput"] < p["throughput"]
     assert "Pareto front" in (out / "report.md").read_text()

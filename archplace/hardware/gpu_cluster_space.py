@@ -7,21 +7,27 @@ A point of the space is a :class:`ClusterShape`; :func:`cluster_of_shape` turns 
 ``gpus_per_server`` devices on the intra-server link, the inter-server link between servers. The
 space itself is YAML (default ``tune_configs/gpu_cluster_space.yaml``), read by :func:`load_space`.
 
-Bandwidth classes are rates *per direction* that one transfer (an activation between pipeline stages, a
-ring AllReduce step) gets, the quantity the cost model's ``link_bw`` / ``inter_server_bw`` mean:
+Bandwidth classes. The cost model's ``link_bw`` / ``inter_server_bw`` are rates *per direction* that one
+transfer (an activation between pipeline stages, a ring AllReduce step) gets:
 
 - intra-server ``nvlink``: the GPU's NVLink per direction (``hardware/gpus.py``: V100 150 GB/s, A100
   300 GB/s, H100/H200 450 GB/s, from each datasheet's bidirectional figure halved);
 - intra-server ``pcie``: the GPU's PCIe x16 per direction (Gen3 16 GB/s on V100, Gen4 32 GB/s on A100,
   Gen5 64 GB/s on H100/H200; same datasheets), the "PCIe server without NVLink" alternative;
-- inter-server, the line rate of one NIC port (the network a transfer between two servers crosses):
-  ``eth-10g`` 10 Gb/s, ``eth-25g`` 25 Gb/s (Auto-MAP's V100 clusters, spec automap.md §11; the
-  ``v100-server-A|B|C`` presets), ``ib-edr-100g`` 100 Gb/s (InfiniBand EDR), ``ib-hdr-200g`` 200 Gb/s
-  (HDR, the DGX A100's ConnectX-6), ``ib-ndr-400g`` 400 Gb/s (NDR, the DGX H100/H200's ConnectX-7);
-  the bytes/s are Gb/s / 8, with no protocol overhead charged (as the presets do).
+- inter-server (:data:`NETWORKS`): the *server's* network, all its NICs together, as published for an
+  instance or a NIC, shared by the server's GPUs. A transfer between servers gets one GPU's share,
+  ``Gb/s per server / 8 / GPUs per server`` bytes/s, and never more than the GPU's PCIe x16 (GPUDirect
+  RDMA reaches the NIC over it). A p4d.24xlarge has 4 x 100 Gb/s of EFA for 8 A100s: 6.25 GB/s per GPU,
+  not 50. The classes are the networks of the instances ``hardware/cluster_prices.py`` prices
+  (``efa-100g`` p3dn, ``efa-400g`` p4d/p4de, ``efa-3200g`` p5/p5e) and two NIC builds (``eth-25g``: one
+  25 GbE port, Auto-MAP's V100 servers; ``ib-hdr-200g``: one 200 Gb/s HDR InfiniBand port, whose share
+  at 8 GPUs per server is the 25 Gb/s per transfer of the ``v100-server-A|B|C`` presets). No protocol
+  overhead is charged (as the presets do). Each class has a price per server-hour
+  (``cluster_prices.network_usd_per_hour``), so a faster network is no longer free.
 
-With one server there is no inter-server traffic and the inter class changes nothing; with one GPU per
-server the intra class changes nothing. Both stay in the shape so that the grid is a plain product.
+With one server there is no inter-server traffic and the inter class changes only the price; with one
+GPU per server the intra class changes nothing. Both stay in the shape so that the grid is a plain
+product.
 """
 
 from __future__ import annotations
@@ -40,10 +46,29 @@ DEFAULT_SPACE = "gpu_cluster_space.yaml"
 # each with a cited price (hardware/cluster_prices.py). The P100 PCIe has no NVLink and no price row.
 CLUSTER_GPUS = ("v100-sxm2", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
 INTRA_CLASSES = ("pcie", "nvlink")
-# inter-server classes: bytes/s per direction of one transfer (line rate / 8)
-INTER_BYTES_PER_S = {"eth-10g": 10e9 / 8, "eth-25g": 25e9 / 8, "ib-edr-100g": 100e9 / 8,
-                     "ib-hdr-200g": 200e9 / 8, "ib-ndr-400g": 400e9 / 8}
-INTER_CLASSES = tuple(INTER_BYTES_PER_S)
+
+
+@dataclass(frozen=True)
+class Network:
+    """An inter-server network class: what one server has towards the others, all NICs together."""
+
+    name: str
+    gbps_per_server: float   # Gb/s per direction, the server's NICs together
+    what: str                # what it is and where the figure is published
+
+
+# the server's whole network; one GPU's share is gbps_per_server / GPUs per server (module doc)
+NETWORKS: dict[str, Network] = {n.name: n for n in (
+    Network("eth-25g", 25.0, "one 25 GbE port per server (Auto-MAP's V100 servers, spec automap.md §11)"),
+    Network("efa-100g", 100.0, "p3dn.24xlarge: 100 Gb/s (EFA) for 8 V100 "
+            "(aws.amazon.com/ec2/instance-types/p3/)"),
+    Network("ib-hdr-200g", 200.0, "one 200 Gb/s HDR InfiniBand port (ConnectX-6) per server"),
+    Network("efa-400g", 400.0, "p4d/p4de.24xlarge: 4 x 100 Gb/s EFA for 8 A100 "
+            "(aws.amazon.com/ec2/instance-types/p4/)"),
+    Network("efa-3200g", 3200.0, "p5/p5e.48xlarge: 32 x 100 Gb/s EFA for 8 H100/H200 "
+            "(aws.amazon.com/ec2/instance-types/p5/); the DGX H100's 8 x 400 Gb/s NDR is the same rate"),
+)}
+INTER_CLASSES = tuple(NETWORKS)
 MAX_GPUS_PER_SERVER = 8    # an HGX / DGX baseboard holds 8 SXM GPUs
 MAX_SERVERS = 64
 SHAPE_FIELDS = ("gpu", "gpus_per_server", "num_servers", "intra_class", "inter_class")
@@ -63,7 +88,7 @@ class ClusterShape:
     gpus_per_server: int     # GPUs in one server, 1 .. 8
     num_servers: int         # servers, 1 .. 64
     intra_class: str         # "pcie" | "nvlink": the link between GPUs of one server
-    inter_class: str         # one of INTER_CLASSES: the network between servers
+    inter_class: str         # one of INTER_CLASSES: the server's network (NETWORKS)
 
     def __post_init__(self) -> None:
         for f, allowed in _ALLOWED.items():
@@ -94,9 +119,16 @@ class ClusterShape:
         return float(s.nvlink_bytes_per_s if self.intra_class == "nvlink" else s.pcie_bytes_per_s)
 
     @property
+    def network_gbps_per_server(self) -> float:
+        """The server's network, all NICs, Gb/s per direction (:data:`NETWORKS`)."""
+        return NETWORKS[self.inter_class].gbps_per_server
+
+    @property
     def inter_server_bytes_per_s(self) -> float:
-        """Per direction, between two servers."""
-        return INTER_BYTES_PER_S[self.inter_class]
+        """Per direction, what one GPU's transfer to another server gets: its share of the server's
+        network (``Gb/s / 8 / gpus_per_server``), at most its PCIe x16 (the NIC is reached over it)."""
+        share = self.network_gbps_per_server * 1e9 / 8 / self.gpus_per_server
+        return float(min(share, self.spec.pcie_bytes_per_s))
 
     @property
     def name(self) -> str:
@@ -106,6 +138,7 @@ class ClusterShape:
         """The five fields plus the derived numbers, with units, for a result row."""
         return {**asdict(self), "num_gpus": self.num_gpus,
                 "intra_server_bytes_per_s": self.intra_server_bytes_per_s,
+                "network_gbps_per_server": self.network_gbps_per_server,
                 "inter_server_bytes_per_s": self.inter_server_bytes_per_s,
                 "hbm_gib_per_gpu": self.spec.memory_bytes / 2**30}
 
@@ -125,7 +158,9 @@ def shape_from_config(config: dict) -> ClusterShape:
 
 def cluster_of_shape(shape: ClusterShape, dtype: str = "fp16") -> Cluster:
     """The cluster the pipeline DP takes: ``servers`` topology, the GPU's roofline at ``dtype`` (the
-    training dtype of the GEMMs; fp16 as Auto-MAP), its HBM as the memory limit."""
+    training dtype of the GEMMs; fp16 as Auto-MAP), its HBM as the memory limit, and between servers one
+    GPU's share of the server's network (``inter_server_bytes_per_s``: the cost model's
+    ``inter_server_bw`` is the rate of one transfer, and every GPU of a server sends at once)."""
     if not isinstance(shape, ClusterShape):
         raise ValueError(f"shape must be a ClusterShape, got {type(shape).__name__}")
     return Cluster(shape.name, shape.num_gpus, GPU.from_spec(shape.spec, dtype),

@@ -5,15 +5,19 @@ pipeline DP, and one flat row with time, money and memory.
 Per model the plan is what ``archplace pipeline MODEL --algo dp --gpu GPU`` computes: the model's
 training graph at micro-batch 16 (16 micro-batches, 256 samples per step; T5s with Adafactor, others with
 Adam, recomputation above 1B parameters: ``pipeline_plan.training_setup``), its op times on the GPU
-(``simulators/gpu_ops.py``; the datasheet roofline by default so that every GPU is judged by one
-model), and :func:`~archplace.algorithms.solvers.pipeline_dp.solve_dp`, the L-optimal memory-feasible
-cut set over every contiguous cut set, on the cluster of the shape (``cluster_of_shape``). On a shape
-that is the V100 Auto-MAP cluster (8 per server, NVLink, 25 Gb/s) the answer is ``pipeline --cluster
+(``simulators/gpu_ops.py``; ``calibrated`` by default: the H200's measured efficiencies carried to
+each GPU by its peaks and bandwidth, the same model for every GPU and one that does not run the GEMMs
+at datasheet peak; ``roofline`` on request), and
+:func:`~archplace.algorithms.solvers.pipeline_dp.solve_dp`, the L-optimal memory-feasible cut set over
+every contiguous cut set, on the cluster of the shape (``cluster_of_shape``: between servers, one GPU's
+share of the server's network). On a shape whose share is the V100 Auto-MAP cluster's 25 Gb/s per
+transfer (8 per server, NVLink, ``ib-hdr-200g``) the answer under the roofline is ``pipeline --cluster
 A|B|C --algo dp``'s to the bit (tests/test_codesign_gpu.py).
 
 The row, flat so it goes into Parquet and a Tune result as is (``M`` is a model name):
 
-- the shape's fields and numbers (``ClusterShape.to_dict``), ``price_per_hour_usd`` and ``price_basis``
+- the shape's fields and numbers (``ClusterShape.to_dict``), ``price_per_hour_usd``, ``listed``,
+  ``network_usd_per_hour`` (the servers' network, in that price) and ``price_basis``
   (``hardware/cluster_prices.py``);
 - ``M.iteration_time_s`` (one training step, seconds), ``M.cost_per_step_usd`` (that time at the price),
   ``M.memory_fit`` and, when it does not fit, ``M.memory_reason``; time and cost are None then (a plan
@@ -41,16 +45,22 @@ from typing import Any
 
 import numpy as np
 
-from ..hardware.cluster_prices import price_basis, price_per_gpu_hour_usd, price_per_hour_usd
+from ..hardware.cluster_prices import (
+    is_listed,
+    network_usd_per_hour,
+    price_basis,
+    price_per_gpu_hour_usd,
+    price_per_hour_usd,
+)
 from ..hardware.gpu_cluster_space import ClusterShape, cluster_of_shape
 
-DEFAULTS = {"dtype": "fp16", "op_model": "roofline", "stages": "servers+fit", "attention": "eager"}
+DEFAULTS = {"dtype": "fp16", "op_model": "calibrated", "stages": "servers+fit", "attention": "eager"}
 MAX_AUTO_STAGES = 8   # ``stages: servers`` caps K here (the pipeline command's range is 2..8)
 _OPTS = set(DEFAULTS) | {"max_subproblems"}
 
 
 @functools.lru_cache(maxsize=64)
-def pipeline_profile(model: str, gpu: str, dtype: str = "fp16", op_model: str = "roofline",
+def pipeline_profile(model: str, gpu: str, dtype: str = "fp16", op_model: str = "calibrated",
                      attention: str = "eager"):
     """(PipelineProfile, op-model note) of ``model`` on GPU preset ``gpu``: the graph, op times and
     training setup of ``api.pipelining.pipeline_model`` (``pipeline --gpu``), cached per process (a sweep
@@ -151,7 +161,7 @@ def _plan_model(prof, cluster, ks: list[int], first_fit: bool, max_subproblems: 
 
 def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     """The flat row of ``shape`` for ``models`` (module doc). ``opts``: ``dtype`` (fp16), ``op_model``
-    (roofline | calibrated), ``stages`` (servers+fit | servers | K | [K, ...]), ``attention`` (eager | sdpa),
+    (calibrated | roofline), ``stages`` (servers+fit | servers | K | [K, ...]), ``attention`` (eager | sdpa),
     ``max_subproblems`` (the DP's deterministic budget, 100,000)."""
     from ..algorithms.rl.pipeline_plan import describe
 
@@ -172,6 +182,9 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     row: dict[str, Any] = {**shape.to_dict(), "shape": shape.name, "models": list(models),
                            "price_per_hour_usd": price,
                            "price_per_gpu_hour_usd": price_per_gpu_hour_usd(shape.gpu),
+                           "listed": is_listed(shape),
+                           "network_usd_per_hour": shape.num_servers
+                           * network_usd_per_hour(shape.inter_class),
                            "price_basis": price_basis(shape), "dtype": o["dtype"], "op_model": o["op_model"],
                            "attention": o["attention"], "stage_rule": str(o["stages"])}
     total_t, total_c, all_fit = 0.0, 0.0, True
