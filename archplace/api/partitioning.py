@@ -198,6 +198,8 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         mode = "zero-shot" if req.zero_shot else ("fine-tuned" if state else "from scratch")
         details.update({**run.summary(), "pretrained": req.pretrained, "mode": mode})
         steps.stage("polish", subsolves=run.subsolves, throughput=run.throughput)
+    elif (req.polish > 0 or req.polish_subsolves) and not ev.valid[0]:
+        details["polish_skipped"] = "no partition that fits to start from (the polish keeps its seed valid)"
     elif req.polish > 0 or req.polish_subsolves:
         from ..algorithms.solvers.mcm_lns import lns
 

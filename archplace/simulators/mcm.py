@@ -647,14 +647,19 @@ class MemoryBound:
         return f"memory lower bound {self.peak_bytes / MB:.2f} MB {rel} {mb:g} MB SRAM per chiplet: {what}"
 
 
-def memory_lower_bound(problem: MCMProblem) -> MemoryBound:
-    """The :class:`MemoryBound` of ``problem`` (O(N + E))."""
+def op_live_bytes(problem: MCMProblem) -> np.ndarray:
+    """``[N]`` activation bytes live on op u's chip at u's own step under any partition: u's output
+    plus the output of each distinct predecessor, in whole bytes (see :class:`MemoryBound`)."""
     out = np.ceil(problem.out_bytes)
     pairs = np.unique(np.stack([problem.src, problem.dst], axis=1), axis=0) if problem.num_edges else \
         np.zeros((0, 2), dtype=np.int64)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    inputs = np.bincount(pairs[:, 1], weights=out[pairs[:, 0]], minlength=problem.num_nodes)
-    foot = problem.weight_bytes + out + inputs
+    return out + np.bincount(pairs[:, 1], weights=out[pairs[:, 0]], minlength=problem.num_nodes)
+
+
+def memory_lower_bound(problem: MCMProblem) -> MemoryBound:
+    """The :class:`MemoryBound` of ``problem`` (O(N + E))."""
+    foot = problem.weight_bytes + op_live_bytes(problem)
     op = int(np.argmax(foot))
     spread = float(problem.weight_bytes.sum()) / problem.num_chips
     return MemoryBound(max(float(foot[op]), spread), float(foot[op]), op, spread, problem.sram_bytes)

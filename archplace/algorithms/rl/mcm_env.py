@@ -38,13 +38,20 @@ Design choices the paper leaves open (all ours):
 * FIX keeps every node of a statically valid y, so such a y is not sent to the solver (same result,
   no solver call); a repair that fails (time limit, status ``"unknown"``) gives reward 0 and leaves
   ``prev`` unchanged;
+* the repair sees SRAM too (``memory_fix``, default on unless ``repair="none"``; issue 44): a repaired
+  y' that meets Eqs. 2-4 but is over SRAM has ops moved off its full chips by
+  :func:`~archplace.algorithms.solvers.mcm_repair.memory.fix_memory`, and the greedy partition of a
+  graph is the memory-aware one of :func:`~archplace.algorithms.search.mcm_baselines.greedy` when
+  the plain one is over SRAM. Without it an untrained policy on bert-base over 8 chiplets (the 22.4 MB
+  word table's chip) never sees a valid sample: every reward is 0 and nothing is learnt;
 * graphs are visited round-robin (``select="round_robin"``) or at random (``"random"``);
   ``reset(options={"graph": i})`` picks graph i.
 
 ``info`` per step: ``raw_valid`` (y itself valid, memory included), ``repaired_valid``, ``throughput``
 (of y'), ``reward``, ``changed`` (nodes the repair moved), ``samples`` (1: one evaluation is one
 sample), ``total_samples`` (this env's count), ``graph``, ``round``, ``repair_status``, ``repair_stage``
-(the repair's restart stage, None when no repair ran),
+(the repair's restart stage, None when no repair ran), ``memory_fix`` (None when y' fitted or the fix
+is off, else whether ``fix_memory`` made it fit),
 ``repaired_action`` (y' padded to ``N_max``; y itself when the repair found nothing).
 The best partition found per graph is kept in :attr:`MCMPartitionEnv.best` (name -> (throughput,
 partition)) and the per-graph best-so-far curve in :attr:`MCMPartitionEnv.history`.
@@ -61,6 +68,7 @@ from ...hardware.presets import mcm_package
 from ...simulators.mcm import MCMProblem, chip_latency_s, evaluate, greedy_partition, static_valid
 from ...workloads.graph import OpGraph
 from ..solvers.mcm_repair import repair
+from ..solvers.mcm_repair.memory import fix_memory
 
 FEATURES = ("time_rel_max", "time_share", "out_bytes_sram", "weight_bytes_sram", "log_in_degree",
             "log_out_degree", "topo_position", "time_before")
@@ -133,7 +141,8 @@ class MCMPartitionEnv(gym.Env):
     graphs' names, ``problem{i}`` for bare MCMProblems), ``num_chips`` (36), ``n_max``
     and ``e_max`` (default: the largest graph's), ``rounds`` (4), ``repair`` ("fix"), ``seed`` (0),
     ``select`` ("round_robin"), ``init`` ("greedy"), ``repair_time_limit_s`` (10.0), ``sample_budget`` (None:
-    samples past it still train but no longer update :attr:`best` and the valid counts)."""
+    samples past it still train but no longer update :attr:`best` and the valid counts), ``memory_fix``
+    (True unless ``repair`` is "none")."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
@@ -168,6 +177,7 @@ class MCMPartitionEnv(gym.Env):
         if self.init not in INIT_MODES:
             raise ValueError(f"init is {self.init!r}; allowed: {list(INIT_MODES)}")
         self.time_limit_s = float(config.get("repair_time_limit_s", 10.0))
+        self.memory_fix = bool(config.get("memory_fix", self.repair_mode != "none"))
         self.load_features = bool(config.get("load_features", False))
         # samples after this many no longer update ``best`` (a PPO iteration may overshoot a search budget)
         self.sample_budget = config.get("sample_budget")
@@ -253,6 +263,11 @@ class MCMPartitionEnv(gym.Env):
                     if res.partition is not None:
                         part = np.asarray(res.partition, dtype=np.int64)
                         break
+            if part is not None and self.memory_fix and not evaluate(p, part).memory_ok[0]:
+                from ..search.mcm_baselines import greedy  # the memory-aware greedy (module doc)
+
+                g_part, g_tp = greedy(p, seed=0, time_limit_s=self.time_limit_s)
+                part = np.asarray(g_part, dtype=np.int64) if g_tp > 0 else part
             self._greedy[i] = np.zeros(p.num_nodes, np.int64) if part is None else part
         return self._greedy[i]
 
@@ -329,9 +344,18 @@ class MCMPartitionEnv(gym.Env):
             status, changed, stage = str(res.status), int(res.changed), res.stage
             ok = res.partition is not None
             yr = np.asarray(res.partition, dtype=np.int64) if ok else y
+        mem = None
+        if ok and self.memory_fix:
+            ev = raw if yr is y else evaluate(p, yr)
+            if ev.static_ok[0] and not ev.memory_ok[0]:
+                fx = fix_memory(p, yr)
+                mem = fx.valid
+                if fx.valid:
+                    changed += int((fx.partition != yr).sum())
+                    yr = fx.partition
         padded = self.pad(yr)
         self._pending = {"y": y, "raw": raw, "yr": yr, "ok": ok, "status": status, "changed": changed,
-                         "stage": stage, "padded": padded}
+                         "stage": stage, "padded": padded, "memory_fix": mem}
         return padded.copy()
 
     def _past_deadline(self) -> bool:
@@ -370,5 +394,6 @@ class MCMPartitionEnv(gym.Env):
         info = {"raw_valid": raw_valid, "repaired_valid": bool(ok and ev.valid[0]), "throughput": thr,
                 "reward": reward, "changed": changed, "samples": 1, "total_samples": self.total_samples,
                 "graph": name, "graph_index": g, "round": self._t, "repair_status": status,
-                "repair_stage": rep["stage"], "improved": improved, "repaired_action": rep["padded"]}
+                "repair_stage": rep["stage"], "memory_fix": rep["memory_fix"], "improved": improved,
+                "repaired_action": rep["padded"]}
         return self._obs(), float(reward), self._t >= self.rounds, False, info

@@ -27,8 +27,11 @@ interval ``[lo_u, hi_u]`` per free node:
   constant chip load (so CP-SAT stops as soon as the neighbourhood cannot lower the global maximum).
 
 The partition is the hint, so CP-SAT starts from a feasible solution and never returns a worse one for
-the model. The memory constraint H is not in the sub-model: every candidate is re-scored by the
-simulator (``evaluate``), which also checks H; a candidate that fails H or is worse is dropped.
+the model. The memory constraint H enters the sub-model as a sound relaxation (issue 44): per chip, the
+resident weights plus the largest ``op_live_bytes`` of its ops (an op's output and inputs, live at its
+step on any partition) within SRAM, so sub-solves stop moving blocks onto a chip whose weights already
+fill it, and no partition that fits is excluded. Every candidate is still re-scored by the simulator
+(``evaluate``), which checks H exactly; a candidate that fails H or is worse is dropped.
 
 Search (:func:`lns`): each step picks a neighbourhood through a *chooser* (default
 :class:`BottleneckChooser`: a random window of 2–8 consecutive chips around the slowest chip, spare
@@ -48,7 +51,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...simulators.mcm import MCMProblem, evaluate
+from ...simulators.mcm import MCMProblem, evaluate, op_live_bytes
 from .mcm_exact import TICKS, chip_latencies
 
 __all__ = ["Neighbourhood", "SubSolve", "LNSResult", "BottleneckChooser", "solve_neighbourhood",
@@ -341,6 +344,32 @@ def solve_neighbourhood(problem: MCMProblem, f, nb: Neighbourhood, time_limit_s:
     for (a, b), v in e.items():
         for k in range(a + 1, b):
             md.add_bool_or([v.Not(), r[a, k].Not(), r[k, b].Not()])
+
+    # memory (issue 44): a sound relaxation of H, so no partition that fits is cut off. Every chip's
+    # resident weights (rounded down) plus the activations live at the step of its op with the most
+    # (op_live_bytes: its output and inputs) stay within SRAM; the simulator still checks H exactly.
+    # The hint f fits, so it meets this too. Only chips where it can bind get it (weights and the largest
+    # live footprint of every op that may go there over SRAM), so a problem whose memory is loose gets
+    # the same model, and the same answers, as before.
+    wf = np.floor(problem.weight_bytes).astype(np.int64)
+    lv = op_live_bytes(problem).astype(np.int64)
+    cap = int(math.floor(problem.sram_bytes))
+    fixed_w = np.bincount(f[~mask], weights=wf[~mask], minlength=K)[:K].astype(np.int64)
+    fixed_live = np.zeros(K, dtype=np.int64)
+    np.maximum.at(fixed_live, f[~mask], lv[~mask])
+    for d in range(K):
+        cand = [(u, row[d]) for u, row in xs.items() if d in row]
+        if not cand:
+            continue
+        top_live = max(int(fixed_live[d]), max(int(lv[u]) for u, _ in cand))
+        if int(fixed_w[d]) + sum(int(wf[u]) for u, _ in cand) + top_live <= cap:
+            continue  # cannot bind
+        load = int(fixed_w[d]) + sum(int(wf[u]) * v for u, v in cand if wf[u])
+        live = md.new_int_var(int(fixed_live[d]), top_live, f"live{d}")
+        for u, v in cand:
+            if lv[u] > fixed_live[d]:
+                md.add(live >= int(lv[u])).only_enforce_if(v)
+        md.add(load + live <= cap)
 
     # cost: constant and variable parts of every chip's load (ticks)
     const = np.zeros(K, dtype=np.int64)
