@@ -33,9 +33,16 @@ Published numbers (every one quoted below with its table; page where known):
   the summary statistics).
 
 Summary statistics: median absolute relative error of the iteration time and Spearman's rank correlation
-(scipy.stats.spearmanr), for Korthikanti Table 5 (every input published: the headline), for Narayanan
-Table 1 (under the stated micro-batch assumption) and for both together. For Table 1 the published
-quantity is per-GPU throughput; it is compared as the iteration time it implies, ``F / (n · X)``.
+(scipy.stats.spearmanr), for Korthikanti Table 5 (every input published but the interleaving v, which
+is taken from calculon's inputs for the same table: see ASSUMPTIONS), for Narayanan Table 1 (under the
+stated micro-batch assumption) and for both together. For Table 1 the published quantity is per-GPU
+throughput; it is compared as the iteration time it implies, ``F / (n · X)``.
+
+Beside them (issue 44), so that no median hides what it summarises: Table 5 with v = 1 for every run;
+Table 1's p = 1 rows and p > 1 rows apart; ``rows``, every run's error under each op model and each
+sensitivity (v = 1, the largest v, micro-batch 2 and 4) with the first committed comparison's error for
+that run; and ``first_comparison``, that comparison's figures (:data:`FIRST_COMPARISON`). The
+``findings`` are written from these numbers.
 
     python bench/gpu_validation.py [--op-models calibrated roofline] [--out bench/results/gpu_validation.json]
 """
@@ -94,6 +101,35 @@ KORTHIKANTI_T4 = {
     "selective + sequence parallel": ("selective", True, None, None, 20.3),
 }
 
+# The first committed comparison: bench/results/gpu_validation.json of commit 3fa7f5c, this script at
+# b622d8a, before the calibration change the gpu-core merge 90f62c0 brought (13722e7: batched-GEMM
+# efficiency by flops; 90991ec: streamed times, the isolated-call latency taken off every measurement).
+# Calibrated median |relative error| per summary and relative error per run, read with
+# `git show 3fa7f5c:bench/results/gpu_validation.json` (roofline: 26.1 / 26.5 / 26.5 %, unchanged since).
+FIRST_COMPARISON = {
+    "commit": "3fa7f5c", "script_commit": "b622d8a",
+    "changed_by": "90f62c0 (merge of gpu-core: 13722e7 batched-GEMM efficiency by flops, 90991ec streamed "
+                  "times: isolated-call latency taken off every calibration measurement)",
+    "calibrated_median_abs_rel_error": {"korthikanti_table5": 0.10029, "narayanan_table1_b1": 0.18574,
+                                        "all": 0.11479},
+    "roofline_median_abs_rel_error": {"korthikanti_table5": 0.26056, "narayanan_table1_b1": 0.26535,
+                                      "all": 0.26535},
+    "calibrated_rel_error": {
+        "Korthikanti Table 5 22B full recompute": 0.14527,
+        "Korthikanti Table 5 22B present work (sequence parallel + selective)": 0.04328,
+        "Korthikanti Table 5 175B full recompute": 0.13906,
+        "Korthikanti Table 5 175B present work (sequence parallel + selective)": 0.07013,
+        "Korthikanti Table 5 530B full recompute": 0.10339,
+        "Korthikanti Table 5 530B present work (sequence parallel + selective)": 0.05660,
+        "Korthikanti Table 5 1T full recompute": 0.11708,
+        "Korthikanti Table 5 1T present work (sequence parallel + selective)": 0.09720,
+        "Narayanan Table 1 1.7B": 0.53332, "Narayanan Table 1 3.6B": 0.55556,
+        "Narayanan Table 1 7.5B": 0.58792, "Narayanan Table 1 18B": 0.52868,
+        "Narayanan Table 1 39B": 0.23505, "Narayanan Table 1 76B": 0.13643,
+        "Narayanan Table 1 145B": 0.11250, "Narayanan Table 1 310B": 0.06783,
+        "Narayanan Table 1 530B": 0.08205, "Narayanan Table 1 1T": 0.04426},
+}
+
 # Chosen before any prediction was compared with a published number; none is tuned to the targets.
 GRAD_BYTES_PER_PARAM = 2        # half-precision gradients all-reduced (Megatron fp16 default in 2021)
 # Adam on fp32 master weights: read grad, master, m, v (16 B), write master, m, v (12 B); grad-norm
@@ -106,6 +142,9 @@ ASSUMPTIONS = [
     "b = 2, 4 is reported beside it and the Table 1 rows are kept out of the headline statistic.",
     "Narayanan Table 1 gives no interleaving factor: v = 1 (plain 1F1B, the larger bubble); the bubble "
     "under the largest v that divides the layers per stage is reported beside it.",
+    "Korthikanti Table 3 gives no interleaving factor either: v = 3 for 175B and 530B, 1 for 22B and 1T, as "
+    "calculon's validation inputs for the same Table 5 (another model tuned to that table); Table 5 with "
+    "v = 1 for every run is reported beside it (summary korthikanti_table5_v1).",
     "Narayanan runs: full activation recomputation (the paper's Eq. 3 counts it); tensor-parallel "
     "all-reduces synchronous (Megatron-LM's asynchronous backward all-reduce arrived in September 2021, "
     "commit 16c9044, after the paper); data-parallel all-reduce after the pipeline flush (Megatron 'local' "
@@ -313,10 +352,9 @@ def run_korthikanti(L: Layers) -> list[dict]:
                 pr["rel_error"] = pr["iteration_s"] / pub_s - 1
                 pr["mfu"] = row["model_flops_per_iteration"] / (pr["iteration_s"] * n * 312e12)
                 row["predicted"][om] = pr
-                if v > 1:
-                    r1 = predict(costs[om], layers, hidden, replace(setup, virtual_stages=1))
-                    row["v1_sensitivity"][om] = {"iteration_s": r1["iteration_s"],
-                                                 "rel_error": r1["iteration_s"] / pub_s - 1}
+                r1 = pr if v == 1 else predict(costs[om], layers, hidden, replace(setup, virtual_stages=1))
+                row["v1_sensitivity"][om] = {"iteration_s": r1["iteration_s"],
+                                             "rel_error": r1["iteration_s"] / pub_s - 1}
             rows.append(row)
     return rows
 
@@ -382,8 +420,11 @@ def findings(out: dict) -> list[str]:
     summ = out["summary"]
     if "calibrated" not in summ:
         return f
-    for key, what in (("korthikanti_table5", "Korthikanti Table 5 (all inputs published)"),
+    for key, what in (("korthikanti_table5", "Korthikanti Table 5 (v = 3 for 175B / 530B from calculon)"),
+                      ("korthikanti_table5_v1", "Korthikanti Table 5 with v = 1 for every run"),
                       ("narayanan_table1_b1", "Narayanan Table 1 (micro-batch 1 assumed)"),
+                      ("narayanan_table1_p1", "Narayanan Table 1, the p = 1 rows"),
+                      ("narayanan_table1_p_gt1", "Narayanan Table 1, the p > 1 rows"),
                       ("all", "both tables")):
         c = summ["calibrated"][key]
         line = (f"{what}: calibrated median |error| {c['median_abs_rel_error']:.1%} "
@@ -395,6 +436,21 @@ def findings(out: dict) -> list[str]:
             line += (f"; roofline {r['median_abs_rel_error']:.1%} (mean {r['mean_rel_error']:+.1%}, "
                      f"throughput rho {r['spearman_rho_throughput']:.3f})")
         f.append(line)
+    fc, now = out["first_comparison"], summ["calibrated"]
+    f.append("first committed comparison (commit {}, before the calibration change of {}): calibrated "
+             "median |error| {:.1%} / {:.1%} / {:.1%} (Table 5 / Table 1 / both); this run {:.1%} / {:.1%} / "
+             "{:.1%}".format(fc["commit"], fc["changed_by"].split()[0],
+                             *(fc["calibrated_median_abs_rel_error"][k] for k in KEYS),
+                             *(now[k]["median_abs_rel_error"] for k in KEYS)))
+    for key, what in (("narayanan_table1_p1", "p = 1"), ("narayanan_table1_p_gt1", "p > 1")):
+        errs = [r["calibrated_rel_error"] for r in out["rows"] if r["group"] == key]
+        f.append(f"Narayanan Table 1 {what} rows ({len(errs)}): calibrated error {min(errs):+.1%} to "
+                 f"{max(errs):+.1%} at b = 1")
+    p1 = [r for r in out["rows"] if r["group"] == "narayanan_table1_p1"]
+    for b in ("2", "4"):
+        errs = [r["calibrated_rel_error_b"][b] for r in p1 if b in r["calibrated_rel_error_b"]]
+        if errs:
+            f.append(f"Narayanan Table 1 p = 1 rows at micro-batch {b}: {min(errs):+.1%} to {max(errs):+.1%}")
     eff = out["effects"]
     n_floor = sum(e["launch_floor_share"] > 0 for e in eff)
     f.append(f"launch floor: {n_floor} of {len(eff)} runs have an op held at the calibrated per-op floor "
@@ -418,6 +474,37 @@ def findings(out: dict) -> list[str]:
                      + ", ".join(f"{b}: {v['rel_error']:+.1%}" for b, v in sens.items())
                      + " (the micro-batch is not published)")
     return f
+
+
+KEYS = ("korthikanti_table5", "narayanan_table1_b1", "all")
+
+
+def rows_table(kor: list[dict], nar: list[dict], op_models: list[str]) -> list[dict]:
+    """Every run's error in one table: the prediction under each op model, the sensitivities (v = 1 and
+    the largest v; micro-batch 2 and 4 for Table 1) and the first committed comparison's error."""
+    out = []
+    for r in kor + nar:
+        kor_row = r["table"] == "Table 5"
+        run = f"{r['paper'].split()[0]} {r['table']} {r['label']}"
+        pub = r["published"]["iteration_s"] if kor_row else r["published"]["iteration_s_implied"]
+        group = "korthikanti_table5" if kor_row else \
+            ("narayanan_table1_p1" if r["pp"] == 1 else "narayanan_table1_p_gt1")
+        row = {"run": run, "group": group, "tp": r["tp"], "pp": r["pp"], "dp": r["dp"],
+               "micro_batch": r["micro_batch"], "virtual_stages": r["virtual_stages"], "published_s": pub,
+               "first_comparison_calibrated_rel_error": FIRST_COMPARISON["calibrated_rel_error"].get(run)}
+        for om in op_models:
+            row[f"{om}_s"] = r["predicted"][om]["iteration_s"]
+            row[f"{om}_rel_error"] = r["predicted"][om]["rel_error"]
+            if kor_row:
+                row[f"{om}_rel_error_v1"] = r["v1_sensitivity"][om]["rel_error"]
+            else:
+                row[f"{om}_rel_error_b"] = {b: v["rel_error"] for b, v in r["b_sensitivity"][om].items()}
+                if "v_sensitivity" in r:
+                    vs = r["v_sensitivity"][om]
+                    row[f"{om}_rel_error_vmax"] = {"virtual_stages": vs["virtual_stages"],
+                                                   "rel_error": vs["rel_error"]}
+        out.append(row)
+    return out
 
 
 def stats(rows: list[dict], om: str) -> dict:
@@ -456,8 +543,12 @@ def main() -> int:
     flat = ([{"published_s": r["published"]["iteration_s"], "predicted": r["predicted"],
               "flops_per_gpu": r["model_flops_per_iteration"] / r["gpus"]} for r in kor],
             [{"published_s": r["published"]["iteration_s_implied"], "predicted": r["predicted"],
-              "flops_per_gpu": r["flops_per_iteration"] / r["gpus"]} for r in nar])
-    summary = {om: {"korthikanti_table5": stats(flat[0], om), "narayanan_table1_b1": stats(flat[1], om),
+              "flops_per_gpu": r["flops_per_iteration"] / r["gpus"], "pp": r["pp"]} for r in nar])
+    kor_v1 = [{**f, "predicted": r["v1_sensitivity"]} for f, r in zip(flat[0], kor)]
+    summary = {om: {"korthikanti_table5": stats(flat[0], om), "korthikanti_table5_v1": stats(kor_v1, om),
+                    "narayanan_table1_b1": stats(flat[1], om),
+                    "narayanan_table1_p1": stats([f for f in flat[1] if f["pp"] == 1], om),
+                    "narayanan_table1_p_gt1": stats([f for f in flat[1] if f["pp"] > 1], om),
                     "all": stats(flat[0] + flat[1], om)} for om in args.op_models}
     out = {"benchmark": "gpu_validation", **git_state(), "command": command(), "machine": machine(load),
            "wall_s": time.perf_counter() - t0, "capture_s": L.capture_s, "gpu": GPU, "dtype": DTYPE,
@@ -465,7 +556,8 @@ def main() -> int:
            "constants": {"grad_bytes_per_param": GRAD_BYTES_PER_PARAM,
                          "optimizer_bytes_per_param": OPTIMIZER_BYTES_PER_PARAM, "seq": SEQ, "vocab": VOCAB,
                          "gpus_per_node": GPUS_PER_NODE},
-           "summary": summary, "effects": effects(nar, kor, L.diagnostics),
+           "summary": summary, "first_comparison": FIRST_COMPARISON,
+           "rows": rows_table(kor, nar, args.op_models), "effects": effects(nar, kor, L.diagnostics),
            "layer_diagnostics": L.diagnostics, "korthikanti_table5": kor, "korthikanti_table4_layer": t4,
            "narayanan_table1": nar}
     out["findings"] = findings(out)
