@@ -171,3 +171,41 @@ def test_cli_global_batch_errors(capsys):
     assert "--global-batch must be a multiple of --mbs 2, got 3" in capsys.readouterr().err
     assert main(["estimate", "bert-base", "--arch", "tpuv4", "--global-batch", "8"]) == 2
     assert "--global-batch applies to --gpu" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- measured fused attention (item 4)
+def test_fused_attention_at_measured_shapes_is_the_measurement():
+    """The sdpa micro-benchmark wired into the calibrated model: at every measured non-causal shape the
+    forward row is the measured kernel (less the isolated-call latency) and the backward row the measured
+    backward less the backward() call's fixed cost (:func:`gpu_ops.sdpa_curves`), shapes of equal flops
+    averaged."""
+    import numpy as np
+
+    from archplace.simulators import gpu_ops
+    from archplace.workloads.graph import OpGraph
+
+    cal = gpu_ops.load_calibration("h200")
+    raw = json.loads((gpu_ops.CALIBRATION_DIR / "h200_steps" / "sdpa_microbench.json").read_text())
+    _, _, bwd_call = gpu_ops.sdpa_curves(raw, cal.spec, cal.call_overhead_s, cal.floor_s)
+    assert 0 < bwd_call < 1e-4  # 98 us on the H200: below the smallest measured backward (147 us)
+    rows = [r for r in raw["rows"] if not r["causal"]]
+    both = [(r, bwd) for bwd in (False, True) for r in rows]
+    nodes = {"kind": ["attention"] * len(both), "is_backward": [bwd for _, bwd in both],
+             "id": list(range(len(both))), "layer": [0] * len(both),
+             **{c: [r[k] for r, _ in both] for c, k in (("gemm_b", "batch_heads"), ("gemm_m", "seq"),
+                                                         ("gemm_n", "seq"), ("gemm_k", "head_dim"))},
+             "flops": [(10.0 if bwd else 4.0) * r["batch_heads"] * r["seq"] ** 2 * r["head_dim"]
+                       for r, bwd in both]}
+    g = OpGraph.from_columns(nodes, dict(src=[], dst=[], bytes=[]),
+                             dict(model="t", layers=["l0"], mbs=1, bytes_per_element=2))
+    ot = gpu_ops.gpu_op_times(g, GPUS["h200"], dtype="bf16", op_model="calibrated")
+    # shapes of equal flops (256 x N^2 and 64 x (2N)^2) share a point: the geometric mean of their times
+    fl = np.array([4.0 * r["batch_heads"] * r["seq"] ** 2 * r["head_dim"] for r in rows])
+
+    def geomean_at_equal_flops(x):
+        return np.array([np.exp(np.mean(np.log(x[fl == f]))) for f in fl])
+    fwd = geomean_at_equal_flops(np.array([r["sdpa_fwd_s"] - cal.call_overhead_s for r in rows]))
+    bwd = geomean_at_equal_flops(np.array([r["sdpa_fwd_bwd_s"] - r["sdpa_fwd_s"] - bwd_call for r in rows]))
+    assert ot.time_s[: len(rows)] == pytest.approx(fwd, rel=1e-9)
+    assert ot.time_s[len(rows):] == pytest.approx(bwd, rel=1e-9)
+    assert "measured scaled_dot_product_attention (h200_steps/sdpa_microbench.json" in ot.note

@@ -5,6 +5,7 @@ of --gpu / --machine / --op-model / --dtype / --profile through the API and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -229,11 +230,23 @@ def test_other_gpus_scale_from_the_h200_by_peak_ratios():
 
 
 @pytest.mark.skipif("attention" not in OP_KINDS, reason="the fused attention kind comes with issue 30's C")
-def test_fused_attention_is_one_batched_gemm_and_one_launch():
+def test_fused_attention_is_one_batched_gemm_and_one_launch(monkeypatch):
     b, s, d = 256, 512, 64
     fl = 2 * 2.0 * b * s * s * d
     g = _graph([dict(kind="attention", gemm_b=b, gemm_m=s, gemm_n=s, gemm_k=d, flops=fl,
                      input_bytes=3 * 2 * b * s * d, output_bytes=2 * b * s * d)])
+    # with the H200's measured scaled_dot_product_attention (issue 44): the measured forward kernels
+    # (non-causal) of these flops, less the isolated-call latency: 256 x 512^2 and 64 x 1024^2 (both d 64),
+    # at the geometric mean of their efficiencies
+    sdpa = json.loads((gpu_ops.CALIBRATION_DIR / "h200_steps" / "sdpa_microbench.json").read_text())
+    meas = [r["sdpa_fwd_s"] - O for r in sdpa["rows"]
+            if not r["causal"] and 4.0 * r["batch_heads"] * r["seq"] ** 2 * r["head_dim"] == fl]
+    assert len(meas) == 2
+    t = gpu_op_times(g, H200, dtype="bf16", op_model="calibrated").time_s[0]
+    assert t == pytest.approx(float(np.exp(np.mean(np.log(meas)))), rel=1e-9)
+    # without those measurements: one batched GEMM at the bmm curve and one launch
+    monkeypatch.setattr(gpu_ops, "load_calibration",
+                        lambda gpu: dataclasses.replace(CAL, sdpa_fwd_curve=None, sdpa_bwd_curve=None))
     t = gpu_op_times(g, H200, dtype="bf16", op_model="calibrated").time_s[0]
     # the curve's point at these flops: the QK^T and P·V bmms of this shape (same flops), geometric mean
     f1 = 2.0 * b * s * s * d

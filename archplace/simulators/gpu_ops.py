@@ -33,7 +33,12 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   any other kind that is neither a GEMM nor free: ``mul_scalar``; norms: ``layer_norm_h1024``;
   softmax: ``softmax_h1024``; reductions: ``sum``), per dtype; clamped (and counted) outside
   2^10..2^28 elements; never faster than the vector-flop roofline.
-- ``attention`` (fused, FlashAttention-style): all its flops at the bmm efficiency of its gemm dims, or
+- ``attention`` (fused, FlashAttention-style), bf16/fp16 where the GPU has measured
+  ``scaled_dot_product_attention`` (``<gpu>_steps/sdpa_microbench.json``, :func:`sdpa_curves`): its GEMM
+  flops at the measured kernel efficiency, piecewise linear in log-log against the forward GEMM flops
+  (forward and backward curves; at a measured non-causal shape the measurement, shapes of equal flops
+  at their geometric mean), or its bytes at HBM bandwidth if
+  slower. Otherwise (fp32, or no such file): all its flops at the bmm efficiency of its gemm dims, or
   its bytes at HBM bandwidth if slower, plus one launch (the floor).
 - every op that runs a kernel costs at least the measured back-to-back per-call time
   (``launch.tiny_add_x100_s``, eager PyTorch's dispatch rate); ``view``, ``input`` and ``tp_copy`` cost 0.
@@ -56,6 +61,7 @@ property of the GPU (``GPUSpec.launch_s`` is the place-ops roofline's 5 us).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass
@@ -240,6 +246,12 @@ class Calibration:
     floor_s: float  # back-to-back per-call time of an empty op: the least any op costs in a stream
     call_overhead_s: float  # what an isolated call costs beyond that (taken off every measurement)
     backward_call_s: float  # fixed cost of one backward() call in the conv forward+backward timings
+    # measured scaled_dot_product_attention (``<gpu>_steps/sdpa_microbench.json``, non-causal shapes):
+    # log forward GEMM flops (sorted) -> log efficiency of the forward kernel and of the backward kernels
+    # (on 2.5x those flops); None where the GPU has no such file
+    sdpa_fwd_curve: tuple[np.ndarray, np.ndarray] | None = None
+    sdpa_bwd_curve: tuple[np.ndarray, np.ndarray] | None = None
+    sdpa_source: str | None = None
 
     @property
     def spec(self) -> GPUSpec:
@@ -331,12 +343,44 @@ def calibration_files() -> dict[str, Path]:
             if p.name[: -len("_microbench.json")] in GPUS}
 
 
+def sdpa_curves(raw: dict, spec: GPUSpec, call_overhead: float, floor: float
+                ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], float]:
+    """(forward curve, backward curve, backward-call cost) from ``bench/gpu_sdpa_microbench.py``'s rows.
+
+    Only the non-causal rows: the training graph charges a fused attention its full N×N GEMM flops
+    (``attention_fusion.fuse_attention`` does not know a mask is causal), so a causal model's fused
+    attention is timed as the non-causal kernel of its shape (the measured causal kernels take 0.5-0.9x
+    of that). Forward: ``4 b N² d`` flops over (``sdpa_fwd_s`` less the isolated-call latency).
+    Backward: 2.5x those flops (five GEMMs against two) over ``sdpa_fwd_bwd_s - sdpa_fwd_s`` less the
+    fixed cost of the ``backward()`` call, estimated as the least excess of that difference over 2.5x
+    the forward kernel (an upper bound if the backward kernels are never faster per flop than the
+    forward one: 98 us on the H200; the conv timings' 0.30 ms would leave small shapes negative)."""
+    rows = [r for r in raw["rows"] if not r.get("causal") and r.get("dtype", "bfloat16") == "bfloat16"]
+    if not rows:
+        raise ValueError("sdpa micro-benchmark file has no non-causal bf16 rows")
+    b, n, d = (np.array([r[c] for r in rows], float) for c in ("batch_heads", "seq", "head_dim"))
+    gf = 4.0 * b * n * n * d
+    fwd = np.maximum(np.array([r["sdpa_fwd_s"] for r in rows], float) - call_overhead, floor)
+    bwd = np.array([r["sdpa_fwd_bwd_s"] - r["sdpa_fwd_s"] for r in rows], float)
+    bwd_call = max(float(np.min(bwd - 2.5 * fwd)), 0.0)
+    bwd = np.maximum(bwd - bwd_call, 2 * floor)
+    peak = spec.peak("bf16")
+    return (_curve(np.log(gf), np.log(gf / fwd / peak)), _curve(np.log(gf), np.log(2.5 * gf / bwd / peak)),
+            bwd_call)
+
+
 @lru_cache(maxsize=8)
 def load_calibration(gpu: str) -> Calibration:
     path = calibration_files().get(gpu)
     if path is None:
         raise ValueError(f"gpu {gpu!r} has no calibration file; measured: {sorted(calibration_files())}")
-    return build_calibration(json.loads(path.read_text()), gpu, path.name)
+    cal = build_calibration(json.loads(path.read_text()), gpu, path.name)
+    sdpa = CALIBRATION_DIR / f"{gpu}_steps" / "sdpa_microbench.json"
+    if sdpa.exists():
+        fwd, bwd, _ = sdpa_curves(json.loads(sdpa.read_text()), cal.spec, cal.call_overhead_s, cal.floor_s)
+        cal = dataclasses.replace(cal, sdpa_fwd_curve=fwd, sdpa_bwd_curve=bwd,
+                                  sdpa_source=f"{sdpa.parent.name}/{sdpa.name}")
+    return cal
 
 
 def default_op_model(gpu: GPUSpec) -> str:
@@ -447,7 +491,18 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
     if bmm.any():
         tb, c = bmm_time_s(cal, spec, dtype, b[bmm], m[bmm], nn[bmm], k[bmm], gf[bmm])
         t[bmm], clamped[bmm] = tb + vec_s[bmm], c
-    if att.any():
+    sdpa = att.any() and cal.sdpa_fwd_curve is not None and _DATA_DTYPE[dtype] == "bf16"
+    if sdpa:
+        # the measured fused kernels (their launch is in the measurement): the GEMM flops at the measured
+        # efficiency of that size, forward or backward
+        bw = nodes["is_backward"][att].astype(bool)
+        gfa = np.where(bw, gf[att] / 2.5, gf[att])  # the forward GEMM flops the curves are keyed on
+        x = np.log(np.maximum(gfa, 1.0))
+        ef, cf = _on_curve(cal.sdpa_fwd_curve, x)
+        eb, cb = _on_curve(cal.sdpa_bwd_curve, x)
+        ta = gf[att] / (np.where(bw, eb, ef) * spec.peak(dtype))
+        t[att], clamped[att] = np.maximum(ta, moved[att] / spec.hbm_bytes_per_s), np.where(bw, cb, cf)
+    elif att.any():
         ta, c = bmm_time_s(cal, spec, dtype, b[att], m[att], nn[att], k[att], flops[att])
         t[att], clamped[att] = np.maximum(ta, moved[att] / spec.hbm_bytes_per_s) + cal.floor_s, c
     if conv.any():
@@ -473,6 +528,9 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
              f"x{spec.hbm_bytes_per_s / cal.spec.hbm_bytes_per_s:.2f}; {cal.source})"]
     if dtype != _DATA_DTYPE[dtype]:
         parts.append(f"{dtype} uses the {_DATA_DTYPE[dtype]} efficiencies on the {dtype} peak")
+    if sdpa:
+        parts.append(f"fused attention: measured scaled_dot_product_attention ({cal.sdpa_source}, "
+                     "non-causal kernels, also for causal masks)")
     if conv.any() and _DATA_DTYPE[dtype] != "fp32":
         parts.append("convolutions: fp32-measured conv/GEMM ratio on the bf16 GEMM grid")
     if (bmm.any() or att.any()) and _DATA_DTYPE[dtype] != "bf16":
