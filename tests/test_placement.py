@@ -256,5 +256,6 @@ def test_a_first_stage_of_only_the_embedding_no_longer_hides_the_sync():
         res = place(ly, TrainingSetup(16, 64, 1, 1e12, False, 1e9, model), fixed=(2, 8))
         load = 5e-3 + 1e-2  # the block's stage is the bottleneck
         assert res.time_per_batch_s == pytest.approx((8 + 1) * load + exposed)
-        assert res.stages[1].sync_s == pytest.approx(c * 7 / 8) and res.stages[1].window_s == pytest.approx(1e-3)
+        assert res.stages[1].sync_s == pytest.approx(c * 7 / 8)
+        assert res.stages[1].window_s == pytest.approx(1e-3)
         assert res.stages[0].sync_s == pytest.approx(c * 7 / 8 * 1e-3) and res.stages[0].window_s == 0.0

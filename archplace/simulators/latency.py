@@ -52,6 +52,7 @@ from ..hardware import constants as C
 from ..hardware.accelerator import Accelerator
 from ..workloads.graph import OpGraph
 from ..workloads.ops import moved_bytes
+from . import collectives
 
 _CORE_CODE = {"none": 0, "tensor": 1, "vector": 2, "fused": 3, "comm": 4}
 
@@ -232,7 +233,7 @@ def latency_components(a: ArchArrays, ops: UniqueOps, link_bw: float, tmp: int,
     launch = C.OP_LAUNCH_CYCLES / a.clock_hz
     lat = np.maximum(np.maximum(compute, glb) / a.clock_hz, hbm_s) + launch
     # --- AllReduce over the TMP group: ring on the network, sums on the vector cores
-    ring_s = 2.0 * (tmp - 1) / tmp * (ops.hbm_bytes[None, :] / 2) / link_bw  # hbm_bytes = in + out
+    ring_s = collectives.allreduce_s(ops.hbm_bytes[None, :] / 2, tmp, link_bw)  # hbm_bytes = in + out
     lat = np.where(is_c, np.maximum(ring_s + vec / a.clock_hz, hbm_s) + launch, lat)
     lat = np.where(core == 0, 0.0, lat)
     glb_words = np.where(is_c | (core == 0), 0.0, glb_words)

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..hardware.presets import GPU, Cluster
 from ..workloads.graph import OpGraph
+from . import collectives
 from .gpu_ops import roofline_time_s
 
 # Optimizer-state bytes per parameter under fp16 mixed precision: fp16 weights (2) + fp16 gradients
@@ -238,11 +239,12 @@ def evaluate(prof: PipelineProfile, cluster: Cluster, cuts: np.ndarray) -> Pipel
     stage_bw = np.where(spans, inter, cluster.link_bw)
     t = comp / d
     grads = seg(prof.param_bytes_prefix)
-    ar = np.where(d > 1, 2.0 * (d - 1) / d * grads / stage_bw, 0.0)
+    ar = collectives.allreduce_s(grads, np.maximum(d, 1), stage_bw)
     if k > 1:
         same = (start[:, :-1] // per) == ((end[:, 1:] - 1) // per)
         link_bw = np.where(same, cluster.link_bw, inter)
-        a = 2.0 * prof.cross_bytes[bnd[:, 1:-1]] / link_bw
+        # the activation forward and its gradient backward: two point-to-point sends
+        a = 2.0 * collectives.p2p_s(prof.cross_bytes[bnd[:, 1:-1]], link_bw)
         slowest = np.maximum(t.max(axis=1), a.max(axis=1))
         fill = t.sum(axis=1) + a.sum(axis=1)
     else:

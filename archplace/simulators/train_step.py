@@ -36,25 +36,23 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from . import collectives
+
 RECOMPUTE = ("none", "full", "selective")
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bytes_per_s: float) -> float:
-    """A ring all-reduce of ``nbytes`` over ``ranks`` ranks: each rank sends and receives
-    ``2 (ranks - 1) / ranks · nbytes`` (reduce-scatter then all-gather) at ``bytes_per_s`` per direction."""
+    """A ring all-reduce of ``nbytes`` over ``ranks`` ranks (``collectives.allreduce_s``, the one price
+    every command uses): ``2 (ranks - 1) / ranks · nbytes`` at ``bytes_per_s`` per direction."""
     _check_ranks(ranks, "ranks")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-    if ranks == 1 or nbytes == 0:
-        return 0.0
-    _check_positive(bytes_per_s, "bytes_per_s")
-    return 2.0 * (ranks - 1) / ranks * nbytes / bytes_per_s
+    return float(collectives.allreduce_s(nbytes, ranks, bytes_per_s))
 
 
 def ring_allgather_s(nbytes: float, ranks: int, bytes_per_s: float) -> float:
-    """A ring all-gather whose gathered result is ``nbytes``: ``(ranks - 1) / ranks · nbytes`` per rank
-    (half an all-reduce; a reduce-scatter costs the same)."""
-    return 0.5 * ring_allreduce_s(nbytes, ranks, bytes_per_s)
+    """A ring all-gather whose gathered result is ``nbytes`` (``collectives.allgather_s``):
+    ``(ranks - 1) / ranks · nbytes`` per rank (half an all-reduce; a reduce-scatter costs the same)."""
+    _check_ranks(ranks, "ranks")
+    return float(collectives.allgather_s(nbytes, ranks, bytes_per_s))
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:

@@ -48,6 +48,7 @@ import gymnasium as gym
 import numpy as np
 
 from ...hardware.presets import Cluster
+from ...simulators import collectives
 from ...simulators.pipeline import PipelineProfile, _inter_bw, allocate_devices, evaluate
 from ..solvers.pipeline_exact import Candidates, candidate_pivots
 
@@ -167,7 +168,7 @@ class PipelineCutEnv(gym.Env):
         per = cl.devices_per_server or cl.num_devices
         inter = _inter_bw(cl)
         bw = np.where(start // per != (end - 1) // per, inter, cl.link_bw)
-        ar = np.where(d > 1, 2.0 * (d - 1) / d * par / bw, 0.0).max(axis=1)
+        ar = collectives.allreduce_s(par, np.maximum(d, 1), bw).max(axis=1)
         # activation transfers over the cuts made so far and this one
         cut_pos = np.concatenate([np.tile(known[1:], (rows, 1)), p[:, None]], axis=1)
         same = (start[:, :j + 1] // per) == ((end[:, 1:j + 2] - 1) // per)

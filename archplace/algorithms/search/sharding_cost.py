@@ -3,10 +3,11 @@
 Step time = per-op compute on one device (roofline, as ``simulators.gpu_ops.roofline_time_s``: the op's
 share of flops at the tensor-core or vector rate, or its bytes at HBM bandwidth, whichever is slower;
 the backward pass costs 2x a GEMM-like op's forward time (input and weight gradients) and 1x a vector
-op's; views cost nothing) plus the collectives the plan implies, with no overlap. AllReduce time is
-Phaze's eq. 18 (``grad_sync.allreduce_s``), the one archplace charges elsewhere; AllGather and
-ReduceScatter move half its bytes per device and all-to-all a quarter (ring algorithms at the same
-link rate). Memory is ``workloads.sharding.memory`` against the GPU's HBM.
+op's; views cost nothing) plus the collectives the plan implies, with no overlap, priced by
+``simulators/collectives.py`` (the one price every command uses): a ring AllReduce moves
+``2 (d − 1) / d`` of its bytes per device, AllGather and ReduceScatter ``(d − 1) / d``, all-to-all
+``(d − 1) / d`` of each device's buffer, at the link rate. Memory is ``workloads.sharding.memory``
+against the GPU's HBM.
 
 For one model axis the cost is linear in the per-class split booleans (each op splits along at most
 one label class, each tensor along at most one dim): ``linear_terms`` gives the coefficients the exact
@@ -20,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from archplace.algorithms.solvers.grad_sync import allreduce_s
 from archplace.hardware.gpus import GPUSpec, gpu_spec
+from archplace.simulators import collectives as coll
 from archplace.workloads.sharding import (
     VIEW_KINDS,
     Collective,
@@ -34,7 +35,8 @@ from archplace.workloads.sharding import (
     split_factor,
 )
 
-_COLL_SHARE = {"allreduce": 1.0, "reducescatter": 0.5, "allgather": 0.5, "alltoall": 0.25}
+_COLLECTIVE = {"allreduce": coll.allreduce_s, "reducescatter": coll.reduce_scatter_s,
+               "allgather": coll.allgather_s, "alltoall": coll.alltoall_s}
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class ShardCost:
         return self.link_bytes_per_s or self.gpu.nvlink_bytes_per_s
 
     def collective_s(self, kind: str, nbytes: float, devices: int) -> float:
-        return float(allreduce_s(nbytes, devices, self.link)) * _COLL_SHARE[kind]
+        return float(_COLLECTIVE[kind](nbytes, devices, self.link))
 
     def op_s(self, flops: float, moved_bytes: float, tensor_core: bool) -> float:
         rate = self.gpu.peak(self.dtype) if tensor_core else self.gpu.vector_flops_per_s

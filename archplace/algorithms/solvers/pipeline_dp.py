@@ -77,6 +77,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...hardware.presets import GPU, Cluster
+from ...simulators.collectives import RING_ALLREDUCE_FACTOR
 from ...simulators.pipeline import BYTES_PER_PARAM, PipelineProfile, evaluate
 from .pipeline_exact import Candidates, PipelinePlan, _dominated, centre_device_cuts
 
@@ -192,9 +193,9 @@ class _Problem:
             if np.isfinite(theta):  # t = (C(p') - C(p)) / d <= theta
                 lo = np.maximum(lo, np.searchsorted(cp, cp[None, :] - theta * dv, side="left"))
             lo2 = np.stack([lo, lo])
-            if np.isfinite(psi):  # AR = 2 (d-1)/d G / bw <= psi
+            if np.isfinite(psi):  # AR = 2 (d-1)/d G / bw <= psi (collectives.allreduce_s, inverted)
                 for c, bw in enumerate((self.nv, self.inter)):
-                    lim = np.where(dv >= 2, psi * bw * dv / (2.0 * (dv - 1.0)), np.inf)
+                    lim = np.where(dv >= 2, psi * bw * dv / (RING_ALLREDUCE_FACTOR * (dv - 1.0)), np.inf)
                     lo2[c] = np.maximum(lo, np.searchsorted(w, w[None, :] - lim, side="left"))
         hi = np.minimum(hi, self.hi_tv[None, :])
         return lo2, hi

@@ -162,6 +162,7 @@ class Stage:
     sync_s: float = 0.0     # its data-parallel (and tied-weight) gradient AllReduce
     window_s: float = 0.0   # backward compute after its last backward that the sync can overlap
     exposed_s: float = 0.0  # what the placement's time charges for it
+    weight_bytes: float = 0.0  # its weights on one device (bf16): the AllReduce moves their gradients
 
 
 @dataclass
@@ -197,7 +198,7 @@ class Placement:
                              else "ring: 2(d-1)/d * bytes / bw"),
                "stages": [{"first": s.first, "last": s.last, "devices": s.devices, "load_s": s.load_s,
                            "memory_bytes": s.memory_bytes, "sync_s": s.sync_s, "window_s": s.window_s,
-                           "exposed_s": s.exposed_s,
+                           "exposed_s": s.exposed_s, "weight_bytes": s.weight_bytes,
                            "layers": [s.layers[0], s.layers[-1]] if s.layers else []}
                           for s in self.stages]}
         if not self.feasible:
@@ -363,7 +364,8 @@ def placement_of_stages(ly: PlacementLayers, setup: TrainingSetup, parts: list[l
     x = max(loads)
     F = (math.ceil(setup.microbatches / d) + s - 1) * x + sync.exposed_total_s
     stages = [Stage(min(p), max(p), n, ld, mem, tuple(ly.names[u] for u in p) if ly.names else (),
-                    float(sync.sync_s[k]), float(sync.window_s[k]), float(sync.exposed_s[k]))
+                    float(sync.sync_s[k]), float(sync.window_s[k]), float(sync.exposed_s[k]),
+                    float(w[p].sum()))
               for k, (p, ld, mem, n) in enumerate(zip(parts, loads, mems, devices))]
     return Placement(True, F, setup.global_batch / F, s, d, ly.tmp, setup.microbatch, setup.recompute,
                      setup.hbm_bytes, x, stages, sync_model=setup.sync_model,
