@@ -290,7 +290,9 @@ def rl_search(problem: MCMProblem, samples: int, *, seed: int = 0, init_state: d
         algo.stop()
     tr = SearchTrace(name, hist, None if best is None else best[1], e.valid_samples, time.perf_counter() - t0,
                      {"raw_valid_samples": e.raw_valid_samples, "baseline": e.probe.baseline(0),
-                      "env_runner_nodes": nodes, **e.repair.summary()})
+                      "env_runner_nodes": nodes,
+                      # the env runners' metrics carry no memory-fix counts: leave those keys out
+                      **{k: v for k, v in e.repair.summary().items() if not k.startswith("repair_memory")}})
     return RLRun(tr, state)
 
 
