@@ -40,8 +40,37 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   at their geometric mean), or its bytes at HBM bandwidth if
   slower. Otherwise (fp32, or no such file): all its flops at the bmm efficiency of its gemm dims, or
   its bytes at HBM bandwidth if slower, plus one launch (the floor).
+  Dilated and 1-D convolutions (WaveNet) go the same way, as their im2col GEMM (M = N·L_out,
+  N = Cout, K = Cin·taps): the micro-benchmarks hold only dense 2-D convolutions, so no efficiency
+  for dilation is measured and none is assumed (the graph does not record the dilation either); a
+  dilated conv is timed as a dense one of the same GEMM dims. That is an assumption, and it is
+  optimistic if cuDNN runs dilated kernels less efficiently: conv1d / dilated rows in ``microbench.py``
+  are what would settle it.
+- fp32 islands of a bf16 step (issue 44; the capture records them: ``models._capture_forward_graph``
+  captures a bf16 run in bf16, so a dtype-changing cast is a ``copy`` and fp32 tensors count 4 bytes
+  per element): a cast is a copy kernel, its bytes read and written (an upcast of N bf16 elements
+  moves (2 + 4)·N) at the copy class's bandwidth. ``softmax(x, dtype=float32)`` on a bf16 ``x``
+  (output wider than input) is two kernels in PyTorch, a cast and an fp32 softmax (only fp16 has a
+  fused half-to-float kernel), so it costs the upcast (in + out bytes, copy class) plus the softmax
+  reading and writing its fp32 output (fp32 softmax class); its gradient is the fp32 softmax backward
+  (its grad and saved output read, an fp32 gradient written) plus the cast back (fp32 read, the input
+  dtype written). :func:`widened_softmax`.
+- the loss (``cross_entropy`` over the logits, ``models.append_loss``; N logits): what
+  ``F.cross_entropy(logits.float(), labels)`` launches: forward an upcast (bpe·N + 4N bytes, copy
+  class; none at fp32), ``log_softmax`` in fp32 (4N + 4N, fp32 softmax class) and ``nll_loss`` (one
+  launch); backward the fp32 gradient zero-filled (4N written, copy class) with ``nll_loss``'s scatter
+  (one launch), ``log_softmax``'s backward (8N read, 4N written) and the cast back (4N + bpe·N).
+  :func:`loss_kernels`.
+- view rows that run a copy (:func:`view_copies`, from the graph's edges and node names): autograd's
+  backward of ``split``/``chunk``/``unbind`` concatenates the gradients, and the backward of a
+  ``view``/``reshape`` whose output reaches a GEMM through an odd number of ``transpose``/``permute``
+  views (the split-heads view of Q and V) reshapes a gradient that arrives non-contiguous (the GEMM
+  wrote it in the heads-first layout), so it copies: in + out bytes at the copy class. K, consumed
+  through two transposes (Kᵀ), gets its gradient in its own layout and stays a view. On the H200
+  profiles of OPT-350M, GPT-2 XL and BERT-large exactly the Q and V views' gradients took time.
 - every op that runs a kernel costs at least the measured back-to-back per-call time
-  (``launch.tiny_add_x100_s``, eager PyTorch's dispatch rate); ``view``, ``input`` and ``tp_copy`` cost 0.
+  (``launch.tiny_add_x100_s``, eager PyTorch's dispatch rate); ``view``, ``input`` and ``tp_copy`` cost 0
+  (except the view rows :func:`view_copies` names, in the calibrated model).
 
 Each micro-benchmark entry is an isolated call: it includes the launch latency the GPU idles through
 with nothing queued (an empty op: 24 us isolated, 11 us back to back). A training step keeps the queue
@@ -64,6 +93,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -91,6 +121,13 @@ _KIND_CLASS = {**dict.fromkeys(("add", "sub", "mul", "div", "where"), "add"),
                **dict.fromkeys(("softmax", "cross_entropy"), "softmax_h1024"),
                **dict.fromkeys(("mean", "sum"), "sum")}
 _FREE_KINDS = ("view", "input", "tp_copy")
+_COPY_CLASS = "mul_scalar"  # a cast or copy: one input read, one output written, no arithmetic
+_SOFTMAX_CLASS = "softmax_h1024"
+_RUN_BPE = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+# forward view ops (fx name without its counter) whose autograd backward is a kernel
+_CAT_GRAD_VIEWS = ("split", "split_with_sizes", "chunk", "unbind")
+_RESHAPE_VIEWS = ("view", "_unsafe_view", "reshape", "flatten")
+_TRANSPOSE_VIEWS = ("transpose", "permute", "t")
 # bytes a micro-benchmarked vector op moves per element (inputs read + output written)
 _TENSORS_MOVED = {"add": 3, "gelu": 2, "mul_scalar": 2, "layer_norm_h1024": 2, "softmax_h1024": 2,
                   "softmax": 2, "sum": 1}
@@ -462,9 +499,99 @@ def vector_time_s(cal: Calibration, spec: GPUSpec, dtype: str, cls_, moved) -> t
     return t, cl
 
 
-def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
-                     ) -> tuple[np.ndarray, str]:
-    """Per-row seconds and the note (see the module docstring)."""
+def _fx_base(name: str) -> str:
+    """The aten op of a captured row's name (``model.layers.0.attn/view_9+mul`` -> ``view``)."""
+    last = str(name).split("/grad")[0].rsplit("/", 1)[-1].split("+")[0]
+    return re.sub(r"_\d+$", "", last)
+
+
+def view_copies(graph: OpGraph) -> np.ndarray:
+    """Rows of ``graph`` that are ``view`` rows but run a copy kernel: the backward of a forward
+    ``split``/``chunk``/``unbind`` (autograd concatenates the gradients) and the backward of a forward
+    ``view``/``reshape`` with one consumer whose output reaches its first non-view op through an odd
+    number of ``transpose``/``permute`` views (the gradient arrives transposed, non-contiguous, and
+    the view's backward ``reshape`` materialises it; two transposes cancel). Forward views that are
+    copies are already ``copy`` rows (``extract._moves_data``)."""
+    nd = graph.nodes
+    n = graph.num_nodes
+    out = np.zeros(n, bool)
+    kind = nd["kind"]
+    bwd = nd["is_backward"].astype(bool)
+    views = np.flatnonzero((kind == "view") & bwd)
+    if not len(views):
+        return out
+    src, dst = graph.edge_pos
+    fwd_edge = ~bwd[src] & ~bwd[dst]
+    succ: dict[int, list[int]] = {}
+    for a, b in zip(src[fwd_edge].tolist(), dst[fwd_edge].tolist()):
+        succ.setdefault(a, []).append(b)
+    row_of_id = {int(i): r for r, i in enumerate(nd["id"])}
+    names = nd["name"]
+
+    def copies_grad(u: int) -> bool:
+        base = _fx_base(names[u])
+        if base in _CAT_GRAD_VIEWS:
+            return True
+        if base not in _RESHAPE_VIEWS or len(succ.get(u, ())) != 1:
+            return False
+        v, flips = succ[u][0], 0
+        while kind[v] == "view" and _fx_base(names[v]) in _TRANSPOSE_VIEWS:
+            flips += 1
+            nxt = succ.get(v, [])
+            if len(nxt) != 1:
+                return False
+            v = nxt[0]
+        return flips % 2 == 1 and kind[v] != "view"
+    for r in views:
+        u = row_of_id.get(int(nd["fwd_id"][r]), -1)
+        out[r] = u >= 0 and kind[u] == "view" and copies_grad(u)
+    return out
+
+
+def _kernels_s(cal: Calibration, spec: GPUSpec, parts) -> np.ndarray:
+    """Summed seconds of a chain of memory-bound kernels, each ``(class, data dtype, bytes moved)`` at
+    its class's achieved bandwidth and at least one launch floor."""
+    total = 0.0
+    for cls_, dt, by in parts:
+        by = np.asarray(by, float)
+        t, _ = vector_time_s(cal, spec, dt, np.full(by.shape, cls_, object), by)
+        total = total + np.maximum(t, cal.floor_s)
+    return np.asarray(total, float)
+
+
+def widened_softmax(cal: Calibration, spec: GPUSpec, dtype: str, in_b, out_b, backward, grad_in_b=None
+                    ) -> np.ndarray:
+    """``softmax(x, dtype=float32)`` on a narrower ``x`` (forward ``in_b`` < ``out_b`` bytes): forward the
+    upcast (in + out bytes, copy class) then the fp32 softmax (out read and written, fp32 softmax
+    class); backward (``grad_in_b``: the fp32 gradient and saved output it reads) the fp32 softmax
+    backward writing an fp32 gradient of ``out_b`` bytes, then the cast back (``out_b`` + ``in_b``)."""
+    in_b, out_b = np.asarray(in_b, float), np.asarray(out_b, float)
+    backward = np.asarray(backward, bool)
+    fwd = _kernels_s(cal, spec, [(_COPY_CLASS, dtype, in_b + out_b), (_SOFTMAX_CLASS, "fp32", 2 * out_b)])
+    if grad_in_b is None:
+        grad_in_b = 2 * out_b
+    bwd = _kernels_s(cal, spec, [(_SOFTMAX_CLASS, "fp32", np.asarray(grad_in_b, float) + out_b),
+                                 (_COPY_CLASS, dtype, out_b + in_b)])
+    return np.where(backward, bwd, fwd)
+
+
+def loss_kernels(cal: Calibration, spec: GPUSpec, dtype: str, logits_b, backward) -> np.ndarray:
+    """Seconds of ``F.cross_entropy(logits.float(), labels)`` over ``logits_b`` bytes of logits in
+    ``dtype`` (N = logits_b / bpe elements), forward or backward (module docstring)."""
+    bpe = _RUN_BPE[dtype]
+    n = np.asarray(logits_b, float) / bpe
+    cast = [(_COPY_CLASS, dtype, (bpe + 4) * n)] if bpe < 4 else []
+    launch = np.full(n.shape, cal.floor_s)
+    fwd = _kernels_s(cal, spec, cast + [(_SOFTMAX_CLASS, "fp32", 8 * n)]) + launch  # + nll_loss
+    bwd = _kernels_s(cal, spec, [(_COPY_CLASS, dtype, 4 * n), (_SOFTMAX_CLASS, "fp32", 12 * n)]
+                     + cast) + launch  # + nll_loss's scatter
+    return np.where(np.asarray(backward, bool), bwd, fwd)
+
+
+def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str,
+                     copies: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+    """Per-row seconds and the note (see the module docstring). ``copies``: view rows that run a copy
+    kernel (:func:`view_copies`; None: none)."""
     src = nearest_measured(spec)
     cal = load_calibration(src)
     n = len(nodes["flops"])
@@ -477,6 +604,8 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
     t = np.zeros(n)
     clamped = np.zeros(n, bool)
     free = np.isin(kind, _FREE_KINDS) | (core == "none") & (kind != "profiled")
+    copy_views = np.zeros(n, bool) if copies is None else np.asarray(copies, bool) & free
+    free = free & ~copy_views
     tensor = np.isin(core, ("tensor", "fused")) & ~free
     att = tensor & (kind == "attention")
     conv = tensor & (kind == "conv")
@@ -521,6 +650,26 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
         cls_ = np.array([_KIND_CLASS.get(x, "mul_scalar") for x in kind[vector]], object)
         tv, c = vector_time_s(cal, spec, dtype, cls_, moved[vector])
         t[vector], clamped[vector] = np.maximum(tv, vec_s[vector]), c
+    is_bwd = nodes["is_backward"].astype(bool)
+    owner = np.full(n, -1)
+    if is_bwd.any():
+        row_of_id = {int(i): r for r, i in enumerate(nodes["id"])}
+        owner[is_bwd] = [row_of_id.get(int(i), -1) for i in nodes["fwd_id"][is_bwd]]
+    inb, outb = nodes["input_bytes"].astype(float), nodes["output_bytes"].astype(float)
+    sm_f = vector & (kind == "softmax") & ~is_bwd & (outb > inb)
+    sm_b = vector & (kind == "softmax") & is_bwd & (owner >= 0)
+    sm_b[sm_b] = sm_f[owner[sm_b]]
+    if sm_f.any():
+        t[sm_f] = widened_softmax(cal, spec, dtype, inb[sm_f], outb[sm_f], np.zeros(int(sm_f.sum()), bool))
+    if sm_b.any():
+        o = owner[sm_b]
+        t[sm_b] = widened_softmax(cal, spec, dtype, inb[o], outb[o], np.ones(len(o), bool), inb[sm_b])
+    loss = vector & (kind == "cross_entropy")
+    if loss.any():
+        logits = np.where(is_bwd & (owner >= 0), inb[np.maximum(owner, 0)], inb)[loss]
+        t[loss] = loss_kernels(cal, spec, dtype, logits, is_bwd[loss])
+    if copy_views.any():
+        t[copy_views] = _kernels_s(cal, spec, [(_COPY_CLASS, dtype, moved[copy_views])])
     t = np.where(free, 0.0, np.maximum(t, cal.floor_s))
     parts = [f"calibrated: measured on {cal.device_name} ({cal.source})" if src == spec.name else
              f"calibrated: scaled from {src} by peak ratios ({_DATA_DTYPE[dtype]} data at {dtype} "
@@ -531,6 +680,13 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str
     if sdpa:
         parts.append(f"fused attention: measured scaled_dot_product_attention ({cal.sdpa_source}, "
                      "non-causal kernels, also for causal masks)")
+    if sm_f.any():
+        parts.append(f"{int(sm_f.sum())} softmax(es) widened to fp32: upcast + fp32 softmax")
+    if loss.any():
+        parts.append("loss: upcast, fp32 log_softmax and nll_loss kernels" if _RUN_BPE[dtype] < 4 else
+                     "loss: fp32 log_softmax and nll_loss kernels")
+    if copy_views.any():
+        parts.append(f"{int(copy_views.sum())} view gradients that copy (split-heads, split) at their bytes")
     if conv.any() and _DATA_DTYPE[dtype] != "fp32":
         parts.append("convolutions: fp32-measured conv/GEMM ratio on the bf16 GEMM grid")
     if (bmm.any() or att.any()) and _DATA_DTYPE[dtype] != "bf16":
@@ -626,7 +782,7 @@ def gpu_op_times(graph: OpGraph, gpu: GPUSpec, *, dtype: str, op_model: str | No
                             zero_inputs)
         note = f"roofline: datasheet peaks of {gpu.label} ({gpu.source})"
     elif op_model == "calibrated":
-        t, note = calibrated_times(nodes, gpu, dtype)
+        t, note = calibrated_times(nodes, gpu, dtype, copies=view_copies(graph))
     else:
         if profile is None:
             raise ValueError("op_model 'profiled' needs a profile (--profile FILE)")

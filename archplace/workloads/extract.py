@@ -113,15 +113,19 @@ def _numel(v: Any) -> int:
     return int(math.prod(shape)) if shape is not None else 0
 
 
-def _nbytes(v: Any, bpe: int) -> int:
+def _nbytes(v: Any, bpe: int, wide_bpe: int | None = None) -> int:
     """Floating tensors count `bpe` bytes per element (training precision); integer and boolean
-    tensors (ids, masks) their own itemsize."""
+    tensors (ids, masks) their own itemsize. ``wide_bpe`` (a half-precision capture): fp32 tensors
+    count that many (4), because a bf16 training step really keeps them in fp32 (the fp32 softmax and
+    norm statistics of Llama/OPT/T5 and the casts around them)."""
     if isinstance(v, (list, tuple)):
-        return sum(_nbytes(x, bpe) for x in v)
+        return sum(_nbytes(x, bpe, wide_bpe) for x in v)
     if getattr(v, "shape", None) is None:
         return 0
     dt = v.dtype
     size = bpe if dt.is_floating_point else dt.itemsize
+    if wide_bpe is not None and dt.is_floating_point and dt.itemsize >= 4:
+        size = wide_bpe
     return _numel(v) * size
 
 
@@ -216,8 +220,21 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
     An aten op with no entry in the op table is an error naming it (its cost would be a guess);
     ``allow_unmapped_ops`` counts such ops as element-wise vector ops instead, with a warning that
     lists them, and the graph's ``meta["unmapped_ops"]`` keeps the list.
+
+    A model whose parameters are bf16/fp16 (``models._capture_forward_graph`` casts a preset so when
+    ``bytes_per_element`` is 2) is captured as it trains: a cast that changes the dtype is a ``copy``
+    (``_moves_data``) and its fp32 side counts 4 bytes per element (``_nbytes``), as does any other
+    fp32 tensor (softmax(dtype=float32)'s output). An fp32 model counts every float at
+    ``bytes_per_element``, as before.
     """
     import torch
+
+    half = next((p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters()
+                 if p.dtype.is_floating_point), False)
+    wide = 4 if half and bytes_per_element < 4 else None
+
+    def nbytes(v: Any) -> int:
+        return _nbytes(v, bytes_per_element, wide)
 
     ep = torch.export.export(model, example_args, kwargs=example_kwargs, strict=False)
     _inline_wrapped_regions(ep)
@@ -248,7 +265,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
                 v = node.meta.get("val")
                 index[node.name] = len(ops)
                 ops.append(_Op(node.name, "input", "", None, (0, 0, 0, 0), 0.0, 0.0, 0,
-                               _nbytes(v, bytes_per_element), 0, 0, [], _numel(v)))
+                               nbytes(v), 0, 0, [], _numel(v)))
             continue
         if node.op != "call_function":
             continue
@@ -289,8 +306,8 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         w_args = [a for a in fx_args if a.name in root]
         if kind == "matmul" and w_args:
             kind = "linear"  # x @ W with a parameter operand
-        in_bytes = sum(_nbytes(a.meta.get("val"), bytes_per_element) for a, _ in act_args)
-        out_bytes = _nbytes(val, bytes_per_element)
+        in_bytes = sum(nbytes(a.meta.get("val")) for a, _ in act_args)
+        out_bytes = nbytes(val)
         out_numel = _numel(val)
         wbytes = 0
         for a in w_args:
@@ -323,7 +340,7 @@ def capture_ops(model, example_args: tuple, example_kwargs: dict, bytes_per_elem
         elif kind == "copy" and target in _GATHER_OPS:
             # a gather reads the elements it picks (its output's worth) and its indices, which it
             # keeps for the backward scatter-add
-            idx = sum(_nbytes(a.meta.get("val"), bytes_per_element) for a, _ in act_args[1:])
+            idx = sum(nbytes(a.meta.get("val")) for a, _ in act_args[1:])
             in_bytes, saved = out_bytes + idx, idx
         module = _module_path(node)
         block = _block_of(module, stack_order) if stacks is not None else None

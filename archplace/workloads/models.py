@@ -223,6 +223,14 @@ def _capture_forward_graph(name: str, seq: int, mbs: int, bytes_per_element: int
     p = preset(name)
     stacks = p.stacks
     model = p.build_model()
+    if bytes_per_element == 2:
+        # captured as a bf16 run trains: the model's own fp32 islands (softmax(dtype=float32), the
+        # norms' upcasts) and the casts around them are real kernels and fp32 bytes (extract.capture_ops);
+        # an fp32 capture would see every cast as a no-op view. fp16 runs share it (PyTorch's fused
+        # half->float softmax aside)
+        import torch
+
+        model = model.to(torch.bfloat16)
     modules = dict(model.named_modules())
     for st, total in stacks.items():
         got = modules.get(st)
