@@ -117,3 +117,18 @@ def test_a_named_preset_is_placed_at_its_own_hbm():
                                        hbm_gb=(64.0,))).to_dict()
     assert asked["hbm"]["source"] == "asked (--hbm)"
     assert asked["placement"]["feasible"] and asked["placement"]["hbm_gb"] == 64.0
+
+
+def test_a_gdp_transfer_is_the_point_to_point_price():
+    """``place-ops``' event simulator: op 0 (1 s) on GPU 0 sends its output to op 1 on GPU 1; the step is
+    1 s plus one point-to-point send of those bytes (``collectives.p2p_s``), in the compiled simulator
+    and in the reference one alike."""
+    from archplace.simulators.gpu_placement import PlacementProblem, simulate, simulate_reference
+
+    lat = 1e-5
+    prob = PlacementProblem(np.array([1.0, 0.0]), np.array([NBYTES, 0.0]), np.zeros(2), np.array([0]),
+                            np.array([1]), np.array([NBYTES]), np.array([-1, -1]), np.array([0, 1]), 2,
+                            1e15, BW, lat, "nvlink")
+    want = 1.0 + collectives.p2p_s(NBYTES, BW, lat)
+    assert simulate(prob, np.array([0, 1])).step_time_s == pytest.approx(want, rel=1e-12)
+    assert simulate_reference(prob, np.array([0, 1])).step_time_s == pytest.approx(want, rel=1e-12)

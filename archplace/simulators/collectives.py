@@ -86,9 +86,10 @@ def alltoall_s(nbytes, ranks, bytes_per_s, latency_s: float = 0.0):
 
 
 def p2p_s(nbytes, bytes_per_s, latency_s: float = 0.0):
-    """A point-to-point send of ``nbytes``."""
+    """A point-to-point send of ``nbytes``: ``latency_s + nbytes / bytes_per_s`` (a message costs its
+    latency even when it is empty)."""
     _, b, n = _check(1, bytes_per_s, nbytes)
-    return _out(n / b + (n > 0) * latency_s, nbytes, bytes_per_s)
+    return _out(latency_s + n / b, nbytes, bytes_per_s)
 
 
 def two_level_allreduce_s(nbytes, ranks_per_node: int, nodes: int, intra_bytes_per_s, inter_bytes_per_s,

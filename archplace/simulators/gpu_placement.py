@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hardware.gpu_machines import GPUMachine
+from . import collectives
 from . import gpu_placement_kernel as _k
 from .gpu_ops import roofline_time_s
 
@@ -283,7 +284,7 @@ def simulate_reference(problem: PlacementProblem, placement) -> PlacementResult:
                 else:
                     size[P[w]] = max(size.get(P[w], 0.0), out_b[k])
             for f in sorted(size):
-                dur = problem.link_latency_s + size[f] / problem.link_bytes_per_s
+                dur = collectives.p2p_s(size[f], problem.link_bytes_per_s, problem.link_latency_s)
                 if problem.interconnect == "pcie":
                     s = max(t, send_free[e], recv_free[f])
                     send_free[e] = recv_free[f] = s + dur

@@ -176,7 +176,7 @@ def _row(dev, compute, prio, ptr, out_dst, out_b, in_ptr, in_src, indeg, outb_no
                     for f in range(d if nloc < ptr[v + 1] - ptr[v] else 0):  # skipped with no remote consumer
                         if ecount[f] > 0:
                             sz = size[f]
-                            dur = lat + sz / bw
+                            dur = lat + sz / bw  # collectives.p2p_s, inlined for numba
                             if pcie:
                                 s = max(t, max(send_free[e], recv_free[f]))
                                 z = last_send[e] if send_free[e] == s else last_recv[f]
