@@ -30,12 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _meta import command, git_state, machine  # noqa: E402
 
-from archplace.simulators.gpu_ops import (  # noqa: E402
-    build_calibration,
-    holdout_errors,
-    load_calibration,
-    microbench_errors,
-)
+from archplace.simulators.gpu_ops import build_calibration, load_calibration  # noqa: E402
+from archplace.simulators.gpu_ops_fit import holdout_errors, microbench_errors  # noqa: E402
 
 
 def stats(pred: np.ndarray, meas: np.ndarray) -> dict:

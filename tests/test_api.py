@@ -135,7 +135,7 @@ def test_from_dict_names_unknown_and_missing_fields():
 def test_defaults_are_the_cli_defaults():
     p = api.PlaceRequest("m", "a")
     assert (p.ilp_budget, p.ilp_time_limit_s, p.accelerators, p.global_batch, p.hbm_gb) == (
-        10.0, 300.0, 1024, 4096, (32, 64, 80))
+        10.0, 300.0, 1024, 4096, None)   # None: the accelerator's own HBM (a preset's, or 32/64/80)
     assert api.PartitionRequest("m").algo == "sa" and api.PartitionRequest("m").budget == 200
     s = api.SearchRequest(("m",))
     assert (s.budget, s.ilp_budget, s.ilp_time_limit_s, s.hbm_gb) == (16, 1.0, 300.0, (32.0, 64.0, 80.0))

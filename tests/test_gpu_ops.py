@@ -22,10 +22,9 @@ from archplace.simulators.gpu_ops import (
     OpTimes,
     default_op_model,
     gpu_op_times,
-    holdout_errors,
     load_calibration,
-    microbench_errors,
 )
+from archplace.simulators.gpu_ops_fit import holdout_errors, holdout_mask, microbench_errors
 from archplace.simulators.gpu_placement import PlacementProblem
 from archplace.simulators.pipeline import gpu_op_time_s, profile_from_graph
 from archplace.workloads.backward import derive_backward
@@ -213,8 +212,8 @@ def test_fit_reproduces_the_micro_benchmarks_and_the_hold_out_generalises():
     p, y = holdout_errors(CAL, seed=0)
     assert len(p) == 39  # a quarter of the 155 GEMMs
     assert np.median(np.abs(p / y - 1)) <= 0.10
-    mask = gpu_ops.holdout_mask(155, 0)
-    assert mask.sum() == 39 and np.array_equal(mask, gpu_ops.holdout_mask(155, 0))
+    mask = holdout_mask(155, 0)
+    assert mask.sum() == 39 and np.array_equal(mask, holdout_mask(155, 0))
 
 
 def test_other_gpus_scale_from_the_h200_by_peak_ratios():

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from archplace.hardware.gpus import H200
-from archplace.simulators.gpu_ops import gpu_op_times, load_calibration, view_copies
+from archplace.simulators.gpu_ops import gpu_op_times, load_calibration
 from archplace.workloads.backward import derive_backward
 from archplace.workloads.graph import OpGraph
 from archplace.workloads.models import build_graph
+from archplace.workloads.view_copies import view_copies
 
 CAL = load_calibration("h200")
 RAW = CAL.raw

@@ -161,7 +161,8 @@ BAD_ARCH += [{**ARCH_FIELDS_OK, **change} for change in (
     {"extra": 1}, {"num_tc": 0}, {"pe_x": 4097}, {"glb_mb": NAN}, {"glb_mb": INF}, {"glb_mb": 0},
     {"glb_mb": "abc"}, {"num_vc": "/etc/passwd"}, {"pe_y": [128]}, {"pe_vc": None})]
 BAD_ARCH += [{k: v for k, v in ARCH_FIELDS_OK.items() if k != "glb_mb"}]
-BAD_HBM = [[], [0], [-1], [NAN], [INF], "32", 32, None, [32] * 9, [5000], [[32]], ["abc"], {}]
+# null is allowed: the accelerator's own HBM (api.placement.hbm_sizes)
+BAD_HBM = [[], [0], [-1], [NAN], [INF], "32", 32, [32] * 9, [5000], [[32]], ["abc"], {}]
 BAD_FIXED = [[1, 2], [1, 2, 3, 4], [0, 1, 1], [1, 1, 65537], "abc", [1.5, 1, 1], 5, {}, [None, 1, 1], []]
 BAD_BOOL = ["maybe", 2, -1, 1.5, [], {}, None, "🚀", "truee"]
 BAD_VALUE = ["abc", "", [], {}, NAN, INF, NINF, "NaN", "inf", Raw("1e400"), Raw("-1e400"), None]

@@ -103,10 +103,11 @@ def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
         req = dict(request)
         arch = req.pop("arch")
         fixed, expert = req.pop("fixed"), req.pop("expert", None)
+        hbm = req.pop("hbm_gb", None)   # None: the accelerator's own (api.placement.hbm_sizes)
         return api.place(
             api.PlaceRequest(
                 arch=arch, fixed=tuple(fixed) if fixed else None, expert=tuple(expert) if expert else None,
-                hbm_gb=tuple(req.pop("hbm_gb")) if req.get("hbm_gb") else None, **req
+                hbm_gb=tuple(hbm) if hbm else None, **req
             )
         ).to_dict()
     if kind == "partition":

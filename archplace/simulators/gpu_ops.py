@@ -61,7 +61,7 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   launch); backward the fp32 gradient zero-filled (4N written, copy class) with ``nll_loss``'s scatter
   (one launch), ``log_softmax``'s backward (8N read, 4N written) and the cast back (4N + bpe·N).
   :func:`loss_kernels`.
-- view rows that run a copy (:func:`view_copies`, from the graph's edges and node names): autograd's
+- view rows that run a copy (``workloads.view_copies``, from the graph's edges and node names): autograd's
   backward of ``split``/``chunk``/``unbind`` concatenates the gradients, and the backward of a
   ``view``/``reshape`` whose output reaches a GEMM through an odd number of ``transpose``/``permute``
   views (the split-heads view of Q and V) reshapes a gradient that arrives non-contiguous (the GEMM
@@ -70,7 +70,7 @@ cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is pl
   profiles of OPT-350M, GPT-2 XL and BERT-large exactly the Q and V views' gradients took time.
 - every op that runs a kernel costs at least the measured back-to-back per-call time
   (``launch.tiny_add_x100_s``, eager PyTorch's dispatch rate); ``view``, ``input`` and ``tp_copy`` cost 0
-  (except the view rows :func:`view_copies` names, in the calibrated model).
+  (except the view rows ``workloads.view_copies`` names, in the calibrated model).
 
 Each micro-benchmark entry is an isolated call: it includes the launch latency the GPU idles through
 with nothing queued (an empty op: 24 us isolated, 11 us back to back). A training step keeps the queue
@@ -93,7 +93,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -103,6 +102,7 @@ import numpy as np
 
 from ..hardware.gpus import DTYPES, GPUS, GPUSpec
 from ..workloads.ops import moved_bytes
+from ..workloads.view_copies import view_copies
 
 if TYPE_CHECKING:
     from ..workloads.graph import OpGraph
@@ -125,9 +125,6 @@ _COPY_CLASS = "mul_scalar"  # a cast or copy: one input read, one output written
 _SOFTMAX_CLASS = "softmax_h1024"
 _RUN_BPE = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 # forward view ops (fx name without its counter) whose autograd backward is a kernel
-_CAT_GRAD_VIEWS = ("split", "split_with_sizes", "chunk", "unbind")
-_RESHAPE_VIEWS = ("view", "_unsafe_view", "reshape", "flatten")
-_TRANSPOSE_VIEWS = ("transpose", "permute", "t")
 # bytes a micro-benchmarked vector op moves per element (inputs read + output written)
 _TENSORS_MOVED = {"add": 3, "gelu": 2, "mul_scalar": 2, "layer_norm_h1024": 2, "softmax_h1024": 2,
                   "softmax": 2, "sum": 1}
@@ -499,55 +496,6 @@ def vector_time_s(cal: Calibration, spec: GPUSpec, dtype: str, cls_, moved) -> t
     return t, cl
 
 
-def _fx_base(name: str) -> str:
-    """The aten op of a captured row's name (``model.layers.0.attn/view_9+mul`` -> ``view``)."""
-    last = str(name).split("/grad")[0].rsplit("/", 1)[-1].split("+")[0]
-    return re.sub(r"_\d+$", "", last)
-
-
-def view_copies(graph: OpGraph) -> np.ndarray:
-    """Rows of ``graph`` that are ``view`` rows but run a copy kernel: the backward of a forward
-    ``split``/``chunk``/``unbind`` (autograd concatenates the gradients) and the backward of a forward
-    ``view``/``reshape`` with one consumer whose output reaches its first non-view op through an odd
-    number of ``transpose``/``permute`` views (the gradient arrives transposed, non-contiguous, and
-    the view's backward ``reshape`` materialises it; two transposes cancel). Forward views that are
-    copies are already ``copy`` rows (``extract._moves_data``)."""
-    nd = graph.nodes
-    n = graph.num_nodes
-    out = np.zeros(n, bool)
-    kind = nd["kind"]
-    bwd = nd["is_backward"].astype(bool)
-    views = np.flatnonzero((kind == "view") & bwd)
-    if not len(views):
-        return out
-    src, dst = graph.edge_pos
-    fwd_edge = ~bwd[src] & ~bwd[dst]
-    succ: dict[int, list[int]] = {}
-    for a, b in zip(src[fwd_edge].tolist(), dst[fwd_edge].tolist()):
-        succ.setdefault(a, []).append(b)
-    row_of_id = {int(i): r for r, i in enumerate(nd["id"])}
-    names = nd["name"]
-
-    def copies_grad(u: int) -> bool:
-        base = _fx_base(names[u])
-        if base in _CAT_GRAD_VIEWS:
-            return True
-        if base not in _RESHAPE_VIEWS or len(succ.get(u, ())) != 1:
-            return False
-        v, flips = succ[u][0], 0
-        while kind[v] == "view" and _fx_base(names[v]) in _TRANSPOSE_VIEWS:
-            flips += 1
-            nxt = succ.get(v, [])
-            if len(nxt) != 1:
-                return False
-            v = nxt[0]
-        return flips % 2 == 1 and kind[v] != "view"
-    for r in views:
-        u = row_of_id.get(int(nd["fwd_id"][r]), -1)
-        out[r] = u >= 0 and kind[u] == "view" and copies_grad(u)
-    return out
-
-
 def _kernels_s(cal: Calibration, spec: GPUSpec, parts) -> np.ndarray:
     """Summed seconds of a chain of memory-bound kernels, each ``(class, data dtype, bytes moved)`` at
     its class's achieved bandwidth and at least one launch floor."""
@@ -591,7 +539,7 @@ def loss_kernels(cal: Calibration, spec: GPUSpec, dtype: str, logits_b, backward
 def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str,
                      copies: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """Per-row seconds and the note (see the module docstring). ``copies``: view rows that run a copy
-    kernel (:func:`view_copies`; None: none)."""
+    kernel (``workloads.view_copies``; None: none)."""
     src = nearest_measured(spec)
     cal = load_calibration(src)
     n = len(nodes["flops"])
@@ -696,61 +644,6 @@ def calibrated_times(nodes: dict[str, np.ndarray], spec: GPUSpec, dtype: str,
     parts.append(f"launch floor {cal.floor_s * 1e6:.1f} us per op; isolated-call latency "
                  f"{cal.call_overhead_s * 1e6:.1f} us taken off the measurements")
     return t, "; ".join(parts)
-
-
-# ---------------------------------------------------------------------------------------- fit checks
-
-def holdout_mask(n: int, seed: int = 0) -> np.ndarray:
-    """A quarter of ``n`` points: every 4th of a seeded permutation."""
-    mask = np.zeros(n, bool)
-    mask[np.random.default_rng(seed).permutation(n)[::4]] = True
-    return mask
-
-
-def microbench_errors(cal: Calibration) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """family -> (predicted, measured) seconds of every micro-benchmark point, predicted by ``cal`` on its
-    own GPU with the functions the op model uses (and its launch floor). ``softmax_attention`` (softmax over
-    attention-score rows of 512-4096) is not fitted: it checks the ``softmax_h1024`` curve."""
-    raw, spec = cal.raw, cal.spec
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    m, n, k, s = (np.array([g[c] for g in raw["gemm"]], float) for c in ("m", "n", "k", "s"))
-    dts = [_BENCH_DTYPE[g["dtype"]] for g in raw["gemm"]]
-    pred = np.array([gemm_time_s(cal, spec, dt, mi, ni, ki, 2 * mi * ni * ki)[0] for dt, mi, ni, ki
-                     in zip(dts, m, n, k)], float)
-    out["gemm"] = (pred, s)
-    b, m, n, k, s = (np.array([e[c] for e in raw["bmm"]], float) for c in ("b", "m", "n", "k", "s"))
-    out["bmm"] = (bmm_time_s(cal, spec, "bf16", b, m, n, k, 2 * b * m * n * k)[0], s)
-    for fam, ops in (("elementwise", VECTOR_CLASSES), ("softmax_attention", ("softmax",))):
-        rows = [e for e in raw["elementwise"] if e["op"] in ops]
-        pred = []
-        for e in rows:
-            dt = _BENCH_DTYPE[e["dtype"]]
-            by = e["numel"] * _BPE[dt] * _TENSORS_MOVED[e["op"]]
-            cls_ = "softmax_h1024" if e["op"] == "softmax" else e["op"]
-            pred.append(vector_time_s(cal, spec, dt, np.array([cls_], object), np.array([by]))[0][0])
-        out[fam] = (np.array(pred, float), np.array([e["s"] for e in rows], float))
-    convs = raw["conv2d"]
-    d = np.array([conv_gemm_dims(c) for c in convs], float)
-    fl = np.array([c["fwd_flops"] for c in convs], float)
-    fwd = conv_time_s(cal, spec, "fp32", *d.T, fl, fl, np.zeros(len(fl), bool))[0]
-    bwd = conv_time_s(cal, spec, "fp32", *d.T, fl, 2 * fl, np.ones(len(fl), bool))[0]
-    out["conv"] = (np.concatenate([fwd, bwd]), np.array([c["fwd_s"] for c in convs]
-                                                       + [c["fwd_bwd_s"] - c["fwd_s"] for c in convs], float))
-    # the op model's streamed times, plus what an isolated call adds (the conv backward: one backward()
-    # call's fixed cost), against the isolated measurements
-    extra = {"conv": np.concatenate([np.full(len(convs), cal.call_overhead_s),
-                                     np.full(len(convs), cal.backward_call_s)])}
-    return {f: (np.maximum(p, cal.floor_s) + extra.get(f, cal.call_overhead_s), y)
-            for f, (p, y) in out.items()}
-
-
-def holdout_errors(cal: Calibration, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Refit the GEMM grids without a quarter of the GEMM points (:func:`holdout_mask`) and predict
-    those: (predicted, measured) seconds of the held-out points."""
-    mask = holdout_mask(len(cal.raw["gemm"]), seed)
-    refit = build_calibration(cal.raw, cal.gpu, cal.source, holdout=mask)
-    pred, meas = microbench_errors(refit)["gemm"]
-    return pred[mask], meas[mask]
 
 
 # ------------------------------------------------------------------------------------------- the entry

@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...simulators.collectives import grad_reduce_bytes_per_param
 from . import placement_kernel as _kernel
 from .grad_sync import PARAM_BYTES, allreduce_s, check_sync_model, stage_sync, sync_factor
+from .placement_result import Placement, Stage
 
 INF = math.inf
 SYNC_ROUNDS = 40          # most ε rounds of the exposed-sync DP
@@ -149,61 +149,6 @@ class TrainingSetup:
     def grad_bytes_ratio(self) -> float:
         """Gradient bytes per weight byte (1 for bf16 gradients of bf16 weights, 2 for fp32 ones)."""
         return grad_reduce_bytes_per_param(self.grad_reduce_dtype) / PARAM_BYTES
-
-
-@dataclass
-class Stage:
-    first: int
-    last: int  # inclusive
-    devices: int
-    load_s: float
-    memory_bytes: float
-    layers: tuple[str, ...] = ()
-    sync_s: float = 0.0     # its data-parallel (and tied-weight) gradient AllReduce
-    window_s: float = 0.0   # backward compute after its last backward that the sync can overlap
-    exposed_s: float = 0.0  # what the placement's time charges for it
-    weight_bytes: float = 0.0  # its weights on one device (bf16): the AllReduce moves their gradients
-
-
-@dataclass
-class Placement:
-    feasible: bool
-    time_per_batch_s: float = INF
-    throughput: float = 0.0  # samples/s
-    p: int = 0
-    d: int = 0
-    t: int = 0
-    microbatch: int = 0
-    recompute: bool = False
-    hbm_bytes: float = 0.0
-    max_load_s: float = INF
-    stages: list[Stage] = field(default_factory=list)
-    reason: str = ""
-    sync_model: str = "exposed"
-    exposed_sync_s: float = 0.0  # max over stages of exposed_s, part of time_per_batch_s
-    grad_reduce_dtype: str = "bf16"
-
-    def summary(self) -> dict[str, Any]:
-        """Plain JSON: times that do not exist (an infeasible placement) are ``None``, with ``reason``."""
-        def num(v: float) -> float | None:
-            return v if math.isfinite(v) else None
-
-        out = {"feasible": self.feasible, "time_per_batch_s": num(self.time_per_batch_s),
-               "throughput": self.throughput, "p": self.p, "d": self.d, "t": self.t,
-               "microbatch": self.microbatch, "recompute": self.recompute,
-               "hbm_gb": self.hbm_bytes / 2**30, "max_load_s": num(self.max_load_s),
-               "sync_model": self.sync_model, "exposed_sync_s": self.exposed_sync_s,
-               "grad_reduce_dtype": self.grad_reduce_dtype,
-               "allreduce": ("Phaze eq. 18: 4(d-1)/d * bytes / bw" if self.sync_model == "paper"
-                             else "ring: 2(d-1)/d * bytes / bw"),
-               "stages": [{"first": s.first, "last": s.last, "devices": s.devices, "load_s": s.load_s,
-                           "memory_bytes": s.memory_bytes, "sync_s": s.sync_s, "window_s": s.window_s,
-                           "exposed_s": s.exposed_s, "weight_bytes": s.weight_bytes,
-                           "layers": [s.layers[0], s.layers[-1]] if s.layers else []}
-                          for s in self.stages]}
-        if not self.feasible:
-            out["reason"] = self.reason
-        return out
 
 
 # ---------------------------------------------------------------------------------------- stage costs
