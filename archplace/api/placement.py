@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..simulators.collectives import GRAD_REDUCE_DTYPES as _GRAD_DTYPE_BYTES
 from ..workloads.layers import OPTIMIZERS
 from ._common import (
     InvalidRequest,
@@ -36,7 +37,7 @@ PLACE_ILP_BUDGET = 10.0
 PLACE_ILP_TIME_LIMIT_S = 300.0
 RECOMPUTE = (False, True)
 DESIGN_HBM_GB = (32, 64, 80)   # the HBM sizes a design without one is tried at (Phaze's HBM choices)
-GRAD_REDUCE_DTYPES = ("bf16", "fp16", "fp32")
+GRAD_REDUCE_DTYPES = tuple(_GRAD_DTYPE_BYTES)   # --grad-reduce-dtype (simulators/collectives.py)
 
 
 def hbm_sizes(arch: str | dict, asked: tuple[float, ...] | None) -> tuple[tuple[float, ...], str]:

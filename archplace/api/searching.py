@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms.solvers.grad_sync import SYNC_MODELS
+from ..simulators.collectives import GRAD_REDUCE_DTYPES as _GRAD_DTYPE_BYTES
 from ..workloads.layers import OPTIMIZERS
 from ._common import (
     ExtraResult,
@@ -143,7 +144,7 @@ class SearchRequest(Request):
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("sync_model", self.sync_model, SYNC_MODELS)
-        check_choice("grad_reduce_dtype", self.grad_reduce_dtype, ("bf16", "fp16", "fp32"))
+        check_choice("grad_reduce_dtype", self.grad_reduce_dtype, tuple(_GRAD_DTYPE_BYTES))
         for name in ("microbatches", "tmp_widths"):
             v = getattr(self, name)
             if not (v is None and name == "tmp_widths") and not (

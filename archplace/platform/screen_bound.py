@@ -96,10 +96,9 @@ def _case(g, settings, model: str, mbs: int, t: int) -> _Case | None:
     n = len(g.nodes["layer"])
     ly = placement_layers(g, np.zeros(n), np.zeros(n), sequential=True, optimizer=settings.optimizer)
     L, K = ly.num_layers, settings.num_devices
-    from ..algorithms.solvers.grad_sync import PARAM_BYTES
-    from ..simulators.collectives import grad_reduce_bytes_per_param
+    from ..algorithms.solvers.grad_sync import grad_bytes_ratio
 
-    g_ratio = grad_reduce_bytes_per_param(getattr(settings, "grad_reduce_dtype", "bf16")) / PARAM_BYTES
+    g_ratio = grad_bytes_ratio(settings.grad_reduce_dtype)
     const = (1 + g_ratio) * np.asarray(ly.weight_bytes, float) + np.asarray(ly.optimizer_bytes, float) \
         + np.asarray(ly.activation_bytes, float)
     hbm = max(settings.hbm_gb) * 2**30
@@ -166,7 +165,7 @@ def _case_bound(a, case: _Case, settings) -> np.ndarray:
     d_max = np.minimum(B, K // case.min_devices)                                            # (S,)
     ok = dc[None, :] <= d_max[:, None]                                                      # (S, D)
     flush = np.ceil(B / dc)[None, :] + s[:, None] - 1                                       # (S, D)
-    f = sync_factor(settings.sync_model, getattr(settings, "grad_reduce_dtype", "bf16"))  # 2: a bf16 ring
+    f = sync_factor(settings.sync_model, settings.grad_reduce_dtype)  # 2: a ring of bf16 gradients
     c = f * (dc - 1.0) / dc / bw_link                                                       # (D,) s/byte
     if settings.sync_model == "paper" and case.linear:   # the first stage holds layer 0
         E = (c * case.weights[0])[None, None, :]

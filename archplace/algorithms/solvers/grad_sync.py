@@ -41,12 +41,18 @@ SYNC_MODELS = ("exposed", "paper")
 PARAM_BYTES = 2  # the placement's weight bytes are bf16 parameters (``workloads/layers.py``)
 
 
+def grad_bytes_ratio(grad_reduce_dtype: str = "bf16") -> float:
+    """Gradient bytes per weight byte: 1 for bf16 gradients of bf16 weights, 2 for fp32 ones (what the
+    memory model stores and what the AllReduce moves)."""
+    return grad_reduce_bytes_per_param(grad_reduce_dtype) / PARAM_BYTES
+
+
 def sync_factor(sync_model: str = "exposed", grad_reduce_dtype: str = "bf16") -> float:
     """The ``c`` of ``c · (d−1)/d · weight bytes / bandwidth``: a ring's 2 times the gradient's bytes per
     weight byte, or the paper's eq. 18 (4) under ``sync_model="paper"``."""
     check_sync_model(sync_model)
-    ratio = grad_reduce_bytes_per_param(grad_reduce_dtype) / PARAM_BYTES
-    return (PHAZE_EQ18_FACTOR if sync_model == "paper" else RING_ALLREDUCE_FACTOR) * ratio
+    base = PHAZE_EQ18_FACTOR if sync_model == "paper" else RING_ALLREDUCE_FACTOR
+    return base * grad_bytes_ratio(grad_reduce_dtype)
 
 
 def allreduce_s(num_bytes, copies, bandwidth: float, factor: float = RING_ALLREDUCE_FACTOR):

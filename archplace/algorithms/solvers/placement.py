@@ -49,7 +49,7 @@ import numpy as np
 
 from ...simulators.collectives import grad_reduce_bytes_per_param
 from . import placement_kernel as _kernel
-from .grad_sync import PARAM_BYTES, allreduce_s, check_sync_model, stage_sync, sync_factor
+from .grad_sync import allreduce_s, check_sync_model, grad_bytes_ratio, stage_sync, sync_factor
 from .placement_result import Placement, Stage
 
 INF = math.inf
@@ -148,7 +148,7 @@ class TrainingSetup:
     @property
     def grad_bytes_ratio(self) -> float:
         """Gradient bytes per weight byte (1 for bf16 gradients of bf16 weights, 2 for fp32 ones)."""
-        return grad_reduce_bytes_per_param(self.grad_reduce_dtype) / PARAM_BYTES
+        return grad_bytes_ratio(self.grad_reduce_dtype)
 
 
 # ---------------------------------------------------------------------------------------- stage costs
