@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("ARCHPLACE_SHARED", ROOT.parent / "shared"))
-DEFAULT_DATA = SHARED / "workloads" / "dnn-partitioning"
+sys.path.insert(0, str(ROOT))
+from archplace.workloads.dnn_partitioning import DATA_DIR as DEFAULT_DATA  # noqa: E402  (bundled)
 
 
 def _fmt(x: float | None, spec: str = ".6f") -> str:

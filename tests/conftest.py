@@ -1,5 +1,5 @@
-"""Shared test configuration. ``SHARED`` is the project's shared/ folder, which sits beside the
-repository (CI clones main with shared/ next to it); ARCHPLACE_SHARED overrides it."""
+"""Shared test configuration. ``DNN_DATA`` is the bundled dnn-partitioning data (package data of
+``archplace.workloads``): the suite needs nothing outside the repository."""
 
 import os
 import sys
@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(os.environ.get("ARCHPLACE_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-DNN_DATA = SHARED / "workloads" / "dnn-partitioning"
-if not DNN_DATA.is_dir():
-    raise RuntimeError(f"shared workloads not found at {DNN_DATA}; set ARCHPLACE_SHARED")
+from archplace.workloads.dnn_partitioning import DATA_DIR as DNN_DATA  # noqa: F401  (tests import it from here)
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers from each other
 

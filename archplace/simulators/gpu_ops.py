@@ -10,8 +10,8 @@ moved_bytes / hbm) + launch_s``; ``input`` rows without flops cost 0 when a laun
 place-ops simulator's rule, GDP issue 18). With the V100 at fp16 and ``launch_s = 0`` it is the pipeline
 cost model of Auto-MAP (``simulators/pipeline.py``); with fp32 and 5 us it is place-ops'.
 
-**calibrated** (data: ``hardware/calibration/<gpu>_microbench.json``, made by ``microbench.py`` in
-``../shared/calibration``; median time of one call after warm-up, CUDA events):
+**calibrated** (data: ``hardware/calibration/<gpu>_microbench.json``, made by
+``bench/gpu/h200_microbench.py``; median time of one call after warm-up, CUDA events):
 
 - GEMM (``linear``/``matmul``; a batch that shares the weights folds into M): efficiency = measured
   FLOP/s / the GPU's datasheet peak, per dtype, trilinear in log2(M), log2(N), log2(K) over the measured

@@ -1,6 +1,7 @@
 """Loader for the profiled graphs of ``msr-fiddle/dnn-partitioning`` (Tarnawski et al., NeurIPS 2020).
 
-One JSON object per file (see ``/work/shared/workloads/dnn-partitioning/README.md``)::
+One JSON object per file; the published graphs are bundled in ``DATA_DIR`` (their README says where they
+come from, MIT licence)::
 
     {"maxSizePerFPGA": bytes, "maxFPGAs": k, "maxCPUs": c,
      "nodes": [{"id", "supportedOnFpga", "cpuLatency", "fpgaLatency", "isBackwardNode",
@@ -44,6 +45,8 @@ import numpy as np
 from .graph import OpGraph
 
 SOURCE = "dnn-partitioning"
+# the graphs of msr-fiddle/dnn-partitioning, shipped as package data (MIT, LICENSE.txt beside them)
+DATA_DIR = Path(__file__).resolve().parent / "data" / "dnn-partitioning"
 
 # field -> (kind, required); kinds: "int", "bool01", "number", "str"
 _NODE_FIELDS: dict[str, tuple[str, bool]] = {
