@@ -80,42 +80,70 @@ def test_proxy_404_and_503_are_retried_until_the_service_answers():
         srv.shutdown()
 
 
-class Until(Script):
-    """``before`` until ``at`` (monotonic), then ``after``."""
+class FakeClock:
+    """The client's clock (``archplace.client.time``): ``sleep`` advances it, nothing else does, so
+    the retries and their waits are counted, not timed."""
 
-    def __init__(self, at: float, before, after) -> None:
+    def __init__(self) -> None:
+        self.t, self.slept = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    import archplace.client
+
+    c = FakeClock()
+    monkeypatch.setattr(archplace.client, "time", c)
+    return c
+
+
+class Until(Script):
+    """``before`` until ``at`` on ``clock``, then ``after``."""
+
+    def __init__(self, clock: FakeClock, at: float, before, after) -> None:
         super().__init__(before)
-        self.at, self.before, self.after = at, before, after
+        self.clock, self.at, self.before, self.after = clock, at, before, after
 
     def next(self):
         self.calls += 1
-        return self.after if time.monotonic() >= self.at else self.before
+        return self.after if self.clock.t >= self.at else self.before
 
 
-def test_retries_go_on_until_the_deadline_not_a_count():
+def test_retries_go_on_until_the_deadline_not_a_count(clock):
     """A service busy (503 without Retry-After) for 14 s, then up: the call succeeds. The old client
     stopped after 8 retries, whose backoff from 0.05 s added up to 11.4 s (23 s from its default
     0.25 s), while a restart took 30-110 s; it raised the 503 to its caller."""
-    script = Until(time.monotonic() + 14, (503, "text/plain", "busy", {}), OK)
+    script = Until(clock, 14.0, (503, "text/plain", "busy", {}), OK)
     srv, url = serve(script)
     try:
         assert Client(url, "ap_x", backoff_s=0.05).get_study("x") == {"name": "x"}
     finally:
         srv.shutdown()
-    assert script.calls > 9
+    # by hand: waits double from 0.05 s up to 5 s; the 9 waits before the 10th call add up to 16.35 s,
+    # the first sum past 14 s (8 waits: 11.35 s), so the 10th call is the first the service answers
+    assert clock.slept == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    assert script.calls == 10 and clock.t == pytest.approx(16.35)
 
 
-def test_retries_stop_at_the_deadline():
+def test_retries_stop_at_the_deadline(clock):
     script = Script(BUSY)
     srv, url = serve(script)
     try:
-        t0 = time.monotonic()
         with pytest.raises(ServiceError) as e:
             Client(url, "ap_x", backoff_s=0.05, retry_deadline_s=2.5).get_study("x")
-        took = time.monotonic() - t0
     finally:
         srv.shutdown()
-    assert e.value.status == 503 and script.calls >= 3 and 2.5 <= took < 30
+    # by hand: Retry-After 1 s beats the backoff; calls at 0, 1 and 2 s, a last wait cut to the 0.5 s
+    # left, one more call at 2.5 s, then the deadline: the 503 is raised
+    assert e.value.status == 503 and script.calls == 4
+    assert clock.slept == pytest.approx([1.0, 1.0, 0.5]) and clock.t == pytest.approx(2.5)
 
 
 def test_connection_refused_is_retried_until_the_service_listens():

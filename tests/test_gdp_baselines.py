@@ -6,8 +6,6 @@ invariants (co-location groups never split, memory-aware placers stay within mem
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -266,12 +264,13 @@ def test_placers_fall_back_to_the_roomiest_device_when_nothing_fits():
         assert not simulate(p, P).valid
 
 
-def test_baselines_are_fast_and_seeded():
+def test_baselines_are_seeded_and_place_every_op_on_a_2000_op_dag():
+    # their speed is not asserted here (a wall-clock bound fails on a loaded machine and proves little
+    # on an idle one): each baseline places every op on one of the 8 devices, the same way twice
     p = random_dag(2000, 7, d=8, groups=100)
     for name, fn in gb.BASELINES.items():
-        t = time.perf_counter()
         P = fn(p, seed=3)
-        assert time.perf_counter() - t < 5.0, name
+        assert P.shape == (2000,) and P.min() >= 0 and P.max() < 8, name
         assert np.array_equal(P, fn(p, seed=3)), name
     assert not np.array_equal(gb.random_placement(p, seed=1), gb.random_placement(p, seed=2))
 

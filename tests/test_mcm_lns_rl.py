@@ -30,7 +30,7 @@ from archplace.workloads.synthetic import rnn_graph
 
 @pytest.fixture(scope="module")
 def lstm8() -> MCMProblem:
-    g = rnn_graph(2, 256, 101, batch=32, cell="lstm", bytes_per_element=1)  # lstm-s0 of bench/mcm.py
+    g = rnn_graph(2, 256, 101, batch=32, cell="lstm", bytes_per_element=1)  # lstm-s0 of bench/mcm/mcm.py
     return MCMProblem.from_graph(g, mcm_package(8))
 
 
@@ -124,12 +124,13 @@ def test_ppo_lns_search_short(ray_session, lstm8):
     from archplace.algorithms.rl.mcm_lns_ppo import ppo_lns_search
 
     g_tp = greedy(lstm8)[1]
-    t0 = time.perf_counter()
     run = ppo_lns_search(lstm8, 12.0, seed=0, ppo={"train_batch_size_per_learner": 8, "minibatch_size": 4})
-    wall = time.perf_counter() - t0
     assert evaluate(lstm8, run.partition).valid[0]
     assert run.throughput == pytest.approx(float(evaluate(lstm8, run.partition).throughput[0]))
     assert run.throughput >= g_tp * (1 - 1e-12) and run.seed_throughput == pytest.approx(g_tp)
     assert run.subsolves >= 1 and run.iterations >= 1
-    assert wall < 12.0 + 10.0  # the budget binds (one sub-solve and one PPO update may run past it)
+    # that the 12 s budget binds is not timed here (a wall-clock bound depends on the machine's load);
+    # test_env_deadline_ends_the_episode_without_solving checks the env's side, and on a fake clock
+    # test_mcm_lns_hint::test_train_samples_does_not_start_an_iteration_past_the_deadline checks the
+    # rule this loop shares (no iteration started that would end past the deadline)
     assert run.trace_max_latency_s == sorted(run.trace_max_latency_s, reverse=True)

@@ -72,8 +72,9 @@ def test_300_slow_unauthenticated_connections_do_not_stop_an_owner(svc):
                           headers={"Authorization": f"Bearer {svc.tokens['alice']}"}, timeout=15)
         took = time.monotonic() - t0
         print(f"\nowner's suggest beside 300 slow unauthenticated connections: {took:.2f} s")
+        # no wall-clock assert beside it: the request's own timeout (15 s) is the bound, a regression
+        # hangs into it and raises ReadTimeout; what is checked is that the owner got its answer
         assert r.status_code == 200 and len(r.json()["trials"]) == 1, r.text
-        assert took < 15
         answers = [read_response(s, timeout_s=60) for s in slow]
     finally:
         for s in slow:
