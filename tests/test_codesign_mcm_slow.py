@@ -76,8 +76,7 @@ def test_address_on_a_two_node_cluster_gives_the_embedded_answer(ray_session, tm
     embedded Ray: the same packages, throughputs and partitions (deterministic placer budgets)."""
     from cluster_util import ray_executable, two_node_cluster
 
-    if ray_executable() is None:
-        pytest.skip("the `ray` executable is not installed")
+    assert ray_executable() is not None, "the `ray` executable is not installed"  # a dependency: fail
     space = tmp_path / "space.json"
     space.write_text(json.dumps(_space(num_chiplets=[4, 8, 16])))
     opts = ["--space", str(space), "--searcher", "grid", "--budget", "3", "--placer", "greedy+lns",

@@ -31,7 +31,7 @@ from archplace.workloads.backward import derive_backward
 from archplace.workloads.gdp_models import gdp_graph
 from archplace.workloads.graph import OpGraph
 from archplace.workloads.models import build_graph
-from archplace.workloads.ops import OP_KINDS, moved_bytes
+from archplace.workloads.ops import moved_bytes
 
 CAL = load_calibration("h200")
 RAW = CAL.raw
@@ -228,7 +228,6 @@ def test_other_gpus_scale_from_the_h200_by_peak_ratios():
     assert gpu_ops.nearest_measured(GPUS["v100-sxm2"]) == "h200"
 
 
-@pytest.mark.skipif("attention" not in OP_KINDS, reason="the fused attention kind comes with issue 30's C")
 def test_fused_attention_is_one_batched_gemm_and_one_launch(monkeypatch):
     b, s, d = 256, 512, 64
     fl = 2 * 2.0 * b * s * s * d
