@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
 
 bench: $(STAMP)
-	$(BIN)/python bench/graph_capture.py
+	$(BIN)/python bench/platform/graph_capture.py
 
 run: $(STAMP)
 	$(BIN)/archplace search bert-large

@@ -85,14 +85,14 @@ PLACE = ["place", "bert-base", "--arch", "tpuv4", "--accelerators", "64", "--glo
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("phaze_tpuv4", ROOT / "bench" / "phaze_tpuv4.py")
+    spec = importlib.util.spec_from_file_location("phaze_tpuv4", ROOT / "bench" / "phaze" / "phaze_tpuv4.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_place_expert_is_the_bench_expert_evaluation(capsys, monkeypatch):
-    """`place --expert` gives the number bench/phaze_tpuv4.py reports in its expert column (same
+    """`place --expert` gives the number bench/phaze/phaze_tpuv4.py reports in its expert column (same
     layer schedules: the same deterministic budget gives the same answer, cached or not)."""
     bench = _bench()
     monkeypatch.setitem(bench.WORKLOADS, "tiny", ("bert-base", (1,), (4, 16, 1), (1, 2, 4, 8)))

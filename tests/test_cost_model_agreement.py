@@ -1,5 +1,5 @@
 """The analytical model against ZigZag on a small subset of the benchmark's GEMMs and
-architectures (bench/cost_model_agreement.py runs the full set)."""
+architectures (bench/phaze/cost_model_agreement.py runs the full set)."""
 
 import numpy as np
 import pytest

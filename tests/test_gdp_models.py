@@ -3,7 +3,7 @@ hand (and torchvision's published Inception-v3 count), GEMMs per unrolled time s
 graph's structure, co-location groups and the policy's node features.
 
 Only the small presets are captured here (a few seconds each); 8-layer GNMT (25,183 ops, over the
-issue's 20,000) takes 14 s and is built by bench/gdp_scaling.py, which records its op count."""
+issue's 20,000) takes 14 s and is built by bench/gdp/gdp_scaling.py, which records its op count."""
 
 import numpy as np
 import pytest

@@ -66,7 +66,7 @@ def policy(seed: int, f: int, **kw) -> GDPPolicy:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_untrained_node_distributions_differ(txl2, seed):
     """Threshold 0.05 on the mean pairwise TV distance: measured 0.12-0.23 on txl-2 (seeds 0-2) and
-    0.11-0.23 on rnnlm-2 and inception-v3 (``bench/gdp_policy_probe.py``), 0.0008-0.0022 for the paper's
+    0.11-0.23 on rnnlm-2 and inception-v3 (``bench/gdp/gdp_policy_probe.py``), 0.0008-0.0022 for the paper's
     GraphSAGE on the same features. 0.05 is 25x the collapsed value and under half the lowest measured
     one; in probabilities: two random nodes disagree by 5 points on average about their device."""
     x, ei, d = txl2

@@ -39,7 +39,7 @@ def _small(**kw):
 
 # ------------------------------------------------------------------------------------- the optimizer
 def test_update_bytes_per_param_counted_by_hand():
-    # Adam, mixed precision (bench/gpu_validation.py's Megatron count): read fp32 grad, master, m, v (16),
+    # Adam, mixed precision (bench/gpu/gpu_validation.py's Megatron count): read fp32 grad, master, m, v (16),
     # write master, m, v (12), clip + unscale reads (8), master -> bf16 copy (4 + 2), zero the grad (4)
     assert optimizer_update_bytes_per_param("adam", 2) == 16 + 12 + 8 + 6 + 4 == 46
     # fp32 Adam: no master copy: grad 4, m, v read + written 16, the parameter read + written 8, clip 4,

@@ -1,4 +1,4 @@
-"""bench/gpu_validation.py's report (issue 44): the first committed comparison's figures are its own rows'
+"""bench/gpu/gpu_validation.py's report (issue 44): the first committed comparison's figures are its own rows'
 medians, and the per-run table puts every run's error, sensitivity and group where a reader finds it
 (synthetic rows with errors known by construction; the script's predictions are not run here)."""
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def gv():
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "bench" / "gpu_validation.py")
+    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "bench" / "gpu" / "gpu_validation.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

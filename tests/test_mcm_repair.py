@@ -405,7 +405,7 @@ def test_uniform_proposals_valid_with_documented_stages():
 def _small_lstm():
     from archplace.workloads.synthetic import rnn_graph
 
-    g = rnn_graph(2, 512, 102, batch=64, cell="lstm", bytes_per_element=1)  # lstm-s1 of bench/mcm.py
+    g = rnn_graph(2, 512, 102, batch=64, cell="lstm", bytes_per_element=1)  # lstm-s1 of bench/mcm/mcm.py
     pos = {int(i): k for k, i in enumerate(g.nodes["id"])}
     src = np.array([pos[int(a)] for a in g.edges["src"]])
     dst = np.array([pos[int(b)] for b in g.edges["dst"]])
@@ -413,7 +413,7 @@ def _small_lstm():
 
 
 def test_small_graph_rarely_falls_back_to_chain():
-    # the 8-chip two-step LSTM of bench/mcm.py: uniform FIX proposals end in the chain fallback on < 10%
+    # the 8-chip two-step LSTM of bench/mcm/mcm.py: uniform FIX proposals end in the chain fallback on < 10%
     # of repairs (it was about 80% before the topological order and the CP-SAT stage)
     src, dst, n = _small_lstm()
     rep = MCMRepairer(8, src, dst, num_nodes=n)

@@ -175,7 +175,8 @@ MODELS = ("bert-48", "t5-base", "t5-3b", "t5-11b")
 # the pruned enumeration's optimum (solve_exact, radius 3) on the 4-stage cases, where it takes 46-270 s
 # here; recomputed with solve_exact for the bf16 capture (T5's fp32 layer-norm and softmax upcasts are
 # copy kernels; before: 0.38953, 1.87578, 7.12621 for the T5s, bert-48 unchanged; in
-# bench/results/pipeline.json: 0.32723, 0.38941, 1.87024, 7.10323); the A and B cases are enumerated in
+# bench/automap/results/pipeline.json: 0.32723, 0.38941, 1.87024, 7.10323); the A and B cases are
+# enumerated in
 # the test itself
 PRUNED_C = {"bert-48": 0.3281244650750115, "t5-base": 0.39180675955704736, "t5-3b": 1.9182044573079307,
             "t5-11b": 7.16863844815895}

@@ -124,7 +124,7 @@ def test_the_write_lock_is_not_held_while_the_searcher_works(tmp_path, monkeypat
     lock = db._writer_lock(s.engine)
     s.create("bob", study("b", searcher="random"))
     bt = ask(s, "bob", "b").trials[0]
-    big = {  # 459,571 feasible architectures (bench/serve_memory.py's space)
+    big = {  # 459,571 feasible architectures (bench/service/serve_memory.py's space)
         "architecture": {
             "num_tc": {"pow2": [0, 15]},
             "num_vc": {"pow2": [0, 16]},

@@ -80,6 +80,13 @@ def check_optional_str(field: str, v: Any) -> None:
         raise invalid(field, f"must be a non-empty string (a path) or None, got {v!r}")
 
 
+def _bundled(name: str) -> bool:
+    """A bundled dnn-partitioning graph's name (``gnmt_training``), as ``load_graph`` reads it."""
+    from ..workloads.dnn_partitioning import resolve_graph_file
+
+    return resolve_graph_file(name) is not None
+
+
 def check_model(model: Any, files: bool) -> None:
     """A preset name or a transformers config's ``hf:PATH`` reference (``--hf-config``); with ``files``
     also an existing dnn-partitioning ``.json`` or graph ``.parquet``."""
@@ -87,10 +94,13 @@ def check_model(model: Any, files: bool) -> None:
         raise invalid("model", f"must be a model preset name{' or a graph file path' if files else ''}, "
                                f"got {model!r}")
     if files and model.endswith((".json", ".parquet")) and not model.startswith("hf:"):
-        if not Path(model).exists():
+        if not Path(model).exists() and not (model.endswith(".json") and _bundled(model)):
             raise ValueError(f"graph file {model!r} does not exist")
         return
-    from ..workloads.models import preset
+    from ..workloads.models import PRESETS, preset
+
+    if files and model not in PRESETS and _bundled(model):
+        return
 
     preset(model)  # "unknown model 'x'; known models: [...]"; an hf: config is read and checked
 

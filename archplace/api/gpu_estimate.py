@@ -39,8 +39,9 @@ DEFAULT_OP_MODEL = "calibrated"
 # what the project's validation measured of the roofline op model (README, "Published runs" and
 # "Measured on a real H200"): it runs the weight GEMMs at datasheet peak
 ROOFLINE_BIAS = ("optimistic: under-predicts every one of 18 published Megatron-LM A100 runs by 22-32% "
-                 "(bench/gpu_validation.py) and measured H200 steps by about 1.8x (median predicted/measured "
-                 "0.54, bench/gpu_measured_validation.py); calibrated is the default for that reason")
+                 "(bench/gpu/gpu_validation.py) and measured H200 steps by about 1.8x (median "
+                 "predicted/measured "
+                 "0.54, bench/gpu/gpu_measured_validation.py); calibrated is the default for that reason")
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,17 @@ def load_graph(model: str, seq: int | None, mbs: int, tmp: int, training: bool =
         if not path.exists():
             raise ValueError(f"graph file {model!r} does not exist")
         return OpGraph.from_parquet(path)
-    if model.endswith(".json"):
-        if not path.exists():
-            raise ValueError(f"graph file {model!r} does not exist")
-        from ..workloads.dnn_partitioning import load_dnn_partitioning
+    from ..workloads.dnn_partitioning import load_dnn_partitioning, resolve_graph_file
 
-        return load_dnn_partitioning(path)
-    from ..workloads.models import build_graph
+    if model.endswith(".json"):
+        found = resolve_graph_file(model)
+        if found is None:
+            raise ValueError(f"graph file {model!r} does not exist")
+        return load_dnn_partitioning(found)
+    from ..workloads.models import PRESETS, build_graph
+
+    if model not in PRESETS and (found := resolve_graph_file(model)) is not None:   # a bundled graph's name
+        return load_dnn_partitioning(found)
 
     return build_graph(model, seq=seq, mbs=mbs, tmp=tmp, training=training, capture_blocks=capture_blocks)
 

@@ -64,7 +64,7 @@ class PlaceOpsRequest(Request):
     # exact: the CP-SAT time limit in seconds (None: 30); sa, lns, gdp, gdp-pretrained: simulator calls, the
     # start candidates' / warm start's included (None: 2000)
     budget: float | None = None
-    pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp_pretrain.py (.npz)
+    pretrained: str | None = None   # gdp-pretrained: weights from bench/gdp/gdp_pretrain.py (.npz)
     zero_shot: bool = False         # gdp-pretrained: the pre-trained policy's placement, no updates
     op_model: str | None = None     # roofline | calibrated | profiled (None: the machine GPU's default)
     dtype: str | None = None        # bf16 | fp16 | tf32 | fp32 (None: fp32, GDP's TensorFlow graphs)

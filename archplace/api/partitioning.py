@@ -28,7 +28,7 @@ from ._common import (
 from .graphs import load_graph
 
 PARTITION_ALGOS = ("greedy", "random", "sa", "ppo", "ppo-lns")
-# CP-SAT deterministic units per sub-solve of a deterministic polish: the value bench/mcm_large.py's
+# CP-SAT deterministic units per sub-solve of a deterministic polish: the value bench/mcm/mcm_large.py's
 # greedy+LNS and learned-LNS runs use (mcm_lns_hint.DET_TIME; its docstring says why), so a user's polish
 # and the bench's compare at the same sub-solve length
 POLISH_DET_TIME = 0.25
@@ -44,7 +44,7 @@ class PartitionRequest(Request):
     seed: int = 0
     seq: int | None = None
     mbs: int = 1
-    pretrained: str | None = None   # ppo: start from these weights (.npz from bench/mcm_pretrain.py)
+    pretrained: str | None = None   # ppo: start from these weights (.npz from bench/mcm/mcm_pretrain.py)
     zero_shot: bool = False         # ppo: sample the pre-trained policy, no updates
     env_runners: int = 0            # ppo: remote EnvRunner actors that sample (0: in this process)
     learners: int = 0               # ppo: remote Learner actors (0: in this process)
@@ -99,9 +99,10 @@ class PartitionRequest(Request):
             raise InvalidRequest("{zero_shot} needs {pretrained} PATH (the policy to sample)",
                                  "zero_shot", "pretrained")
         if self.pretrained and not os.path.exists(self.pretrained):
-            raise invalid("pretrained", f"{self.pretrained} does not exist (bench/mcm_pretrain.py writes "
-                                        "bench/results/mcm_pretrained.npz for ppo, bench/mcm_lns_pretrain.py "
-                                        "bench/results/mcm_lns_pretrained.npz for ppo-lns)")
+            raise invalid("pretrained", f"{self.pretrained} does not exist (bench/mcm/mcm_pretrain.py writes "
+                                        "bench/mcm/results/mcm_pretrained.npz for ppo, "
+                                        "bench/mcm/mcm_lns_pretrain.py "
+                                        "bench/mcm/results/mcm_lns_pretrained.npz for ppo-lns)")
 
 
 @dataclass
@@ -148,8 +149,11 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         require_ray("partition algo 'ppo'")
     steps = Steps("partition", progress, cancel)
     t0 = time.perf_counter()
-    if req.model.endswith((".json", ".parquet")):
-        g = load_graph(req.model, req.seq, req.mbs, 1, training=False)
+    from ..workloads.byom import is_hf_ref
+    from ..workloads.models import PRESETS
+
+    if req.model.endswith((".json", ".parquet")) or (req.model not in PRESETS and not is_hf_ref(req.model)):
+        g = load_graph(req.model, req.seq, req.mbs, 1, training=False)   # a file or a bundled graph's name
     else:  # the MCM chiplets are int8 edge TPUs: one byte per element
         from ..workloads.models import build_graph
 

@@ -110,7 +110,7 @@ class PipelineRequest(Request):
                                  "env_runners", "learners", "algo")
         if self.algo == "pretrained" and not os.path.exists(self.weights()):
             raise invalid("pretrained", f"{self.weights()} does not exist "
-                                        "(bench/pipeline.py --pretrain-steps N writes it)")
+                                        "(bench/automap/pipeline.py --pretrain-steps N writes it)")
 
 
 def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None) -> None:

@@ -226,7 +226,7 @@ def place(req: PlaceRequest, *, progress: ProgressFn | None = None,
         steps.stage("layers", microbatch=m, tmp=t, case=i, cases=len(cases))
     t0 = time.perf_counter()
     hbm, hbm_source = hbm_sizes(req.arch, req.hbm_gb)
-    if req.expert is not None:   # the same call as bench/phaze_tpuv4.py's expert column
+    if req.expert is not None:   # the same call as bench/phaze/phaze_tpuv4.py's expert column
         best, rows = expert_sweep(layers[kind], req.expert, req.accelerators, req.global_batch, hbm,
                                   RECOMPUTE, LINK_BW, req.sync_model, req.grad_reduce_dtype)
     else:
@@ -273,8 +273,11 @@ class SolveDpRequest(Request):
     def validate(self) -> None:
         if not (isinstance(self.file, str) and self.file):
             raise invalid("file", f"must be the path of a dnn-partitioning .json file, got {self.file!r}")
-        if not Path(self.file).exists():
-            raise ValueError(f"input file {self.file!r} does not exist")
+        from ..workloads.dnn_partitioning import bundled_graphs, resolve_graph_file
+
+        if resolve_graph_file(self.file) is None:
+            names = ", ".join(sorted(k for k in bundled_graphs() if "/" not in k))
+            raise ValueError(f"file: {self.file!r} is neither a file nor a bundled graph ({names})")
         check_choice("method", self.method, DP_METHODS)
         check_positive_number("time_limit_s", self.time_limit_s)
 
@@ -305,7 +308,9 @@ def solve_dp(req: SolveDpRequest, *, progress: ProgressFn | None = None,
 
     req.validate()
     steps = Steps("solve_dp", progress, cancel)
-    res = SolveDpResult(**solve_dp_command(req.file, req.method, req.time_limit_s))
+    from ..workloads.dnn_partitioning import resolve_graph_file
+
+    res = SolveDpResult(**solve_dp_command(str(resolve_graph_file(req.file)), req.method, req.time_limit_s))
     if res.max_load is None:
         found = (res.stats or {}).get("reason")   # the solver's own finding, e.g. "a node fits on no device"
         res.reason = (f"{found}; " if found else "") + {

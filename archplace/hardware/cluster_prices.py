@@ -36,7 +36,7 @@ server's Gb/s times that, per server-hour (:func:`network_usd_per_hour`): ``eth-
 ``efa-100g`` $1.21, ``ib-hdr-200g`` $2.42, ``efa-400g`` $4.85, ``efa-3200g`` $38.78. Linear in Gb/s is a
 model: it is what AWS charges between those two sizes, carried to the p5's 3,200 Gb/s, where it says
 the network is 39 % of the p5's price (a DGX-class build's NICs, switches and optics are nearer 10-15 %
-of its capital cost), so it is more likely high than low there; ``bench/codesign_gpu.py`` reports the
+of its capital cost), so it is more likely high than low there; ``bench/gpu/codesign_gpu.py`` reports the
 front at other rates (its ``network_price_sensitivity``).
 
 **A shape's price.** A shape that *is* an instance (its GPU, 8 GPUs per server, NVLink, and the

@@ -34,7 +34,7 @@ run):
 * ``cpsat``: greedy, then one CP-SAT solve of the whole problem (the LNS model with every node free,
   hinted with greedy) of ``subsolves × det_time`` deterministic units: the same CP-SAT work as greedy+lns;
 * ``ppo-pretrained``: greedy, then ``subsolves`` sub-solves whose neighbourhoods the pre-trained learned-LNS
-  policy (``mcm_lns_hint``, weights ``tune_configs/mcm_large_policy.npz``, from ``bench/mcm_large.py``)
+  policy (``mcm_lns_hint``, weights ``tune_configs/mcm_large_policy.npz``, from ``bench/mcm/mcm_large.py``)
   picks, zero-shot; with ``finetune_subsolves`` > 0 the policy is first fine-tuned by PPO on this problem
   for at least that many sub-solves (whole PPO batches of 64; needs Ray);
 * ``ppo-lns``: the same search with a policy trained from scratch on this problem for ``subsolves``
@@ -64,7 +64,7 @@ from ..hardware.chiplet_cost import TOPOLOGY_PORTS, CostParams, package_cost
 PLACERS = ("greedy", "greedy+lns", "cpsat", "ppo-pretrained", "ppo-lns")
 AXES = ("num_chiplets", "pe", "clock_mhz", "sram_mb", "link_gbs", "link_pj_per_bit", "topology")
 DEFAULT_SPACE = "mcm_codesign.yaml"
-# shipped with the package (a copy of bench/mcm_large.py's bench/results/mcm_large_policy.npz), so an
+# shipped with the package (a copy of bench/mcm/mcm_large.py's bench/mcm/results/mcm_large_policy.npz), so an
 # installed archplace finds it as it finds the pipeline DQN's weights
 DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "tune_configs" / "mcm_large_policy.npz"
 
@@ -374,14 +374,14 @@ def _train(problem, start: np.ndarray, opts: PlacerOptions, init: dict | None) -
 
 
 def load_policy(path: str | Path | None = None) -> dict:
-    """The pre-trained learned-LNS weights (``bench/mcm_large.py train``); read by the driver and shipped
+    """The pre-trained learned-LNS weights (``bench/mcm/mcm_large.py train``); read by the driver and shipped
     to the trials, so no worker node needs the file."""
     from ..algorithms.rl.mcm_ppo import load_state
 
     p = Path(path) if path else DEFAULT_POLICY
     if not p.exists():
-        raise ValueError(f"--policy {str(p)!r} does not exist (bench/mcm_large.py train writes "
-                         "bench/results/mcm_large_policy.npz; the package ships a copy as "
+        raise ValueError(f"--policy {str(p)!r} does not exist (bench/mcm/mcm_large.py train writes "
+                         "bench/mcm/results/mcm_large_policy.npz; the package ships a copy as "
                          "archplace/tune_configs/mcm_large_policy.npz)")
     return load_state(p)[0]
 

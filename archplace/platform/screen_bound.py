@@ -8,7 +8,7 @@ variants. The screen only needs each objective's top k. So it evaluates in decre
 once the next bound is below the k-th best value found: every architecture left has a value <= its
 bound < that k-th value, so it can enter no top k (a bound equal to the k-th value is still evaluated:
 its value could tie and win on the lower index). This module gives the bound and the rule; ``screen.py``
-and ``bench/phaze_table2.py`` run it.
+and ``bench/phaze/phaze_table2.py`` run it.
 
 **The bound** (``throughput_bounds``), for one model and its cases (microbatch ``mbs``, TMP width
 ``t``): the best phase-1 throughput is ``global_batch / F`` of the best placement, with the DP's time

@@ -205,7 +205,7 @@ class GemmGrid:
         by least squares, clipped to the measured range, and no less than the best measured cell it
         dominates in every dim. On a held-out quarter of the H200 grid the cubic fill generalised best
         (6-8 % median error, against 21 % for harmonic interpolation between neighbours and 27 % for a
-        two-way additive model; bench/gpu_calibration.py reports the number)."""
+        two-way additive model; bench/gpu/gpu_calibration.py reports the number)."""
         lm, ln, lk = (np.log2(np.asarray(x, float)) for x in (m, n, k))
         le = np.log(np.asarray(eff, float))
         axes = tuple(np.unique(a) for a in (lm, ln, lk))
@@ -320,7 +320,7 @@ def conv_gemm_dims(c: dict) -> tuple[int, int, int]:
 
 def build_calibration(raw: dict, gpu: str, source: str, holdout: np.ndarray | None = None) -> Calibration:
     """Efficiencies from one micro-benchmark file; ``holdout`` masks GEMM points (in file order) out of
-    the grid fit (the generalisation check of ``bench/gpu_calibration.py``)."""
+    the grid fit (the generalisation check of ``bench/gpu/gpu_calibration.py``)."""
     spec = GPUS[gpu]
     o = call_overhead_s(raw)
     pts = gemm_points(raw, spec)
@@ -379,7 +379,7 @@ def calibration_files() -> dict[str, Path]:
 
 def sdpa_curves(raw: dict, spec: GPUSpec, call_overhead: float, floor: float
                 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], float]:
-    """(forward curve, backward curve, backward-call cost) from ``bench/gpu_sdpa_microbench.py``'s rows.
+    """(forward curve, backward curve, backward-call cost) from ``bench/gpu/gpu_sdpa_microbench.py``'s rows.
 
     Only the non-causal rows: the training graph charges a fused attention its full N×N GEMM flops
     (``attention_fusion.fuse_attention`` does not know a mask is causal), so a causal model's fused

@@ -1,4 +1,4 @@
-"""How well the calibrated op model fits its own micro-benchmarks (``bench/gpu_calibration.py``, tests):
+"""How well the calibrated op model fits its own micro-benchmarks (``bench/gpu/gpu_calibration.py``, tests):
 every micro-benchmark point predicted with the functions the op model uses, and a hold-out refit of
 the GEMM grids. Kept apart from ``gpu_ops.py``, which times graphs."""
 

@@ -4,7 +4,7 @@ be read on their own.
 
 A placement costs O((n + m) log n), with nothing per placement left to Python. Each placement of a batch
 gives the numbers the sort-based version (commit 8409844) gave, bit for bit; what makes it 3.3-4.7x
-faster (placements/s on the 5,000-op DAG and gnmt-8 of bench/gdp_scaling.py, one thread):
+faster (placements/s on the 5,000-op DAG and gnmt-8 of bench/gdp/gdp_scaling.py, one thread):
 
 * **Memory is swept while simulating, not sorted afterwards** (building the records and sorting them
   was about half the time). Every allocation and free happens at an instant the event loop visits in

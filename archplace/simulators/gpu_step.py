@@ -125,7 +125,7 @@ def training_step(graph: OpGraph, gpu: GPUSpec, *, dtype: str, op_model: str | N
 
 def optimizer_update_bytes_per_param(optimizer: str, bytes_per_element: int) -> float:
     """HBM bytes one optimizer update reads and writes per parameter, counted the way
-    ``bench/gpu_validation.py`` counts Megatron's Adam (46 B at bf16) and generalised from the optimizer
+    ``bench/gpu/gpu_validation.py`` counts Megatron's Adam (46 B at bf16) and generalised from the optimizer
     state that ``workloads.layers.optimizer_bytes_per_param`` keeps (``S``: fp32 master copy and moments).
     With a master copy (parameters narrower than fp32 and an optimizer that keeps one) the gradients are
     accumulated in fp32 (``g`` = 4 bytes), else in the parameters' precision (``g`` = bytes per element):

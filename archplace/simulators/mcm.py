@@ -40,7 +40,7 @@ one row-wise sort of ``(op, chip, end)`` keys: the last key of each (op, chip) r
 end, and the last key of each op holds its farthest chip m(u), which the link model reuses. The
 intervals then go into a difference array ``[rows, C, N+1]`` (a reused int32 buffer, int64 when the
 activations total 2 GiB or more) that one cumulative sum turns into live bytes per position. Measured
-by ``bench/mcm_eval.py``.
+by ``bench/mcm/mcm_eval.py``.
 
 API: ``MCMProblem`` (``from_graph``, ``from_arrays``), ``static_violations``, ``static_valid``,
 ``memory_peak_bytes``, ``memory_valid``, ``chip_latency_s``, ``evaluate`` -> ``EvalResult``,

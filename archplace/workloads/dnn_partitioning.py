@@ -48,6 +48,27 @@ SOURCE = "dnn-partitioning"
 # the graphs of msr-fiddle/dnn-partitioning, shipped as package data (MIT, LICENSE.txt beside them)
 DATA_DIR = Path(__file__).resolve().parent / "data" / "dnn-partitioning"
 
+
+def bundled_graphs() -> dict[str, Path]:
+    """The bundled graphs by name: ``gnmt_training`` (a layer graph), ``OperatorGraphs/bert_l-3_training``
+    (either folder may be named; a bare stem means the layer graph where both folders have it)."""
+    out: dict[str, Path] = {}
+    for folder in ("OperatorGraphs", "LayerGraphs"):   # LayerGraphs last: its stems win the bare names
+        for f in sorted((DATA_DIR / "throughput-inputs" / folder).glob("*.json")):
+            out[f"{folder}/{f.stem}"] = f
+            out[f.stem] = f
+    return out
+
+
+def resolve_graph_file(name: str) -> Path | None:
+    """``name`` as a path when that file exists, else the bundled graph of that name (``.json`` optional),
+    else None: so users and the docs can say ``archplace solve-dp gnmt_training`` from any folder."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    key = name[: -len(".json")] if name.endswith(".json") else name
+    return bundled_graphs().get(key)
+
 # field -> (kind, required); kinds: "int", "bool01", "number", "str"
 _NODE_FIELDS: dict[str, tuple[str, bool]] = {
     "id": ("int", True),

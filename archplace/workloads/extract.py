@@ -50,7 +50,7 @@ _ATEN_KIND = {
     "index_put_": "elementwise", "index_add": "add", "index_add_": "add", "scatter_add": "add",
     "scatter_add_": "add", "empty_like": "elementwise", "grouped_mm_fallback": "linear",
     "_grouped_mm": "linear", "grouped_mm": "linear",
-    # found by the op-coverage sweep (bench/hf_coverage.py): plain arithmetic and data movement.
+    # found by the op-coverage sweep (bench/platform/hf_coverage.py): plain arithmetic and data movement.
     # Masks and routing bookkeeping are element-wise; copies into a new layout (stack, pad, flip)
     # move bytes like cat; reductions count their inputs like sum; transcendentals like exp
     "bitwise_not": "elementwise", "bitwise_and": "elementwise", "bitwise_or": "elementwise",

@@ -157,7 +157,7 @@ class GDPPlacementModule(TorchRLModule, ValueFunctionAPI):
         mismatch = state_mismatch(dict(self.state_dict()), state)
         if mismatch:
             raise ValueError(f"GDP weights do not fit this policy ({mismatch}); re-train them with this "
-                             "code (bench/gdp_pretrain.py)")
+                             "code (bench/gdp/gdp_pretrain.py)")
         super().set_state(state)
 
     # ------------------------------------------------------------------ RLModule API

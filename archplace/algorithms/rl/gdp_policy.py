@@ -17,7 +17,7 @@ the nodes see each other only through attention). Three parts:
    **Normalisation and skips (issue 31).** The paper's GraphSAGE (Algorithm 1: ``h' = f(.) / ||f(.)||_2``,
    no skip; ``sage_norm="l2", skip=False``) collapses at initialisation: with unit-norm inputs every entry
    is ~1/8, so ``W_f h`` is small beside ``b_f + W_f h_N`` (the pooled sigmoids sit near 1/2 on every node)
-   and each layer shrinks what differs between nodes ~4x. Measured (``bench/gdp_policy_probe.py``, txl-2,
+   and each layer shrinks what differs between nodes ~4x. Measured (``bench/gdp/gdp_policy_probe.py``, txl-2,
    rnnlm-2, inception-v3 x 3 seeds): RMS spread about the centroid 0.2-0.4 -> 0.04-0.09 -> 0.012-0.022,
    cosine to the centroid 0.9999, std of the logits across nodes <= 0.007, greedy placement on one GPU in 9
    of 9. Standardised input features alone do not change that. The default (``sage_norm="layer",

@@ -4,7 +4,7 @@ Why: from random weights GDP's policy starts far from any good placement, and wi
 simulator calls PPO does not catch up with the fast placers (METIS, Baechi's m-TOPO / m-ETF / m-SCT, the
 human-expert-like one). Starting the policy *at* the best of them, and answering with the best of what
 the policy then proposes and the start itself, makes the learned placer at least as fast as the fast
-placers by construction; what PPO adds on top is then measurable (``bench/gdp.py``, methods ``gdp-warm``,
+placers by construction; what PPO adds on top is then measurable (``bench/gdp/gdp.py``, methods ``gdp-warm``,
 ``warm``, ``warm+ppo``, ``warm+sa``).
 
 Steps of :func:`gdp_warm` (``place-ops --algo gdp``):

@@ -181,7 +181,8 @@ class MCMPartitionEnv(gym.Env):
         self.load_features = bool(config.get("load_features", False))
         # samples after this many no longer update ``best`` (a PPO iteration may overshoot a search budget)
         self.sample_budget = config.get("sample_budget")
-        # unix time after which steps neither repair nor evaluate (a wall-time budget, bench/mcm.py): such a
+        # unix time after which steps neither repair nor evaluate (a wall-time budget, bench/mcm/mcm.py):
+        # such a
         # step ends the episode with reward 0 and no "throughput" in info, so no callback counts it
         self.deadline = config.get("deadline")
         # distinct streams per RLlib env runner / sub-env (EnvContext carries the indices)

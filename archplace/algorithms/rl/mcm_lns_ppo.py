@@ -33,7 +33,7 @@ PPO_DEFAULTS = {"lr": 3e-4, "gamma": 0.9, "lambda_": 0.95, "entropy_coeff": 0.01
 MODEL_DEFAULTS = {"fcnet_hiddens": [64, 64], "vf_share_layers": False}
 # the env's reward mode (``mcm_lns_env`` module doc). "budget" makes the return the log improvement a
 # fixed wall budget buys; it did not make pre-training pay on the validation graphs
-# (bench/results/mcm_lns_validation_budget.json), so "rate" stays the default. Pre-trained weights record
+# (bench/mcm/results/mcm_lns_validation_budget.json), so "rate" stays the default. Pre-trained weights record
 # theirs (``env`` in their meta) and a search that loads them uses it
 ENV_DEFAULTS = {"reward": "rate"}
 GAMMA = {"rate": 0.9, "budget": 0.99}

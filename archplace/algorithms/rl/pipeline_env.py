@@ -15,7 +15,7 @@ candidate_pivots`); the Dict observation carries
   steps (its Q has to rebuild L from parts); the fourth hands it the combination;
   With ``raw_features`` (the online-inference agent, §10.4) three more columns give the
   transformed profile itself at each pivot, C*, A*, W*; with ``lookahead: False`` the fourth column is
-  left out (the feature ablation of ``bench/pipeline.py``);
+  left out (the feature ablation of ``bench/automap/pipeline.py``);
 * ``context``: the step as a one-hot over ``max_stages`` − 1 cuts, K / ``max_stages`` and the compute
   fraction cut so far (``max_stages``, default ``MAX_STAGES`` = 8, sets the observation's size, so
   weights trained at one value only load into an env with the same);

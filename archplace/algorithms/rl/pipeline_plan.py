@@ -1,6 +1,6 @@
 """One pipeline-planning case end to end: a model preset on a V100 cluster with K stages, planned by the
 Rainbow-style DQN, the pre-trained agent or exact enumeration, and scored against the optimum. The
-CLI (``archplace pipeline``) and ``bench/pipeline.py`` both go through here.
+CLI (``archplace pipeline``) and ``bench/automap/pipeline.py`` both go through here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ RECOMPUTE_ABOVE_PARAMS = 1e9
 
 
 def pretrained_weights_path() -> Path:
-    """The pre-trained online-inference weights shipped with the package (bench/pipeline.py
+    """The pre-trained online-inference weights shipped with the package (bench/automap/pipeline.py
     --pretrain-steps writes them)."""
     return Path(str(resources.files("archplace.tune_configs").joinpath(PRETRAINED_WEIGHTS)))
 

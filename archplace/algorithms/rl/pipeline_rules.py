@@ -1,6 +1,6 @@
 """Plans for the pipeline-cut environment made without learning, from the same information the DQN sees.
 
-These are the baselines an RL result has to beat (``bench/pipeline.py``):
+These are the baselines an RL result has to beat (``bench/automap/pipeline.py``):
 
 * the *lookahead rule*: at every cut take the open pivot whose fourth feature (``L_unit / L`` of the
   tentative plan, exact at the last cut) is largest — the DQN's own input, argmaxed, with no network;

@@ -1,6 +1,6 @@
 """An expert strategy {p, d, t} evaluated as the Phaze code evaluates it (spec phaze.md §8.3): an even
 split of the transformer blocks over p stages, no DP over the split. It is the yardstick archplace's
-placement is compared with (``archplace place --expert``, bench/phaze_tpuv4.py), charged by the same
+placement is compared with (``archplace place --expert``, bench/phaze/phaze_tpuv4.py), charged by the same
 stage costs, memory and gradient-sync model as the DP (``placement.py``)."""
 
 from __future__ import annotations

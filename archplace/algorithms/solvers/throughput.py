@@ -251,7 +251,7 @@ def expert_sweep(layers_by_mbs: dict[int, dict[int, PlacementLayers]], pdt: tupl
                  link_bw: float = PHAZE_LINK_BW_BYTES_PER_S, sync_model: str = "exposed",
                  grad_reduce_dtype: str = "bf16") -> tuple[Placement, list[dict[str, Any]]]:
     """The best expert placement {p, d, t} over microbatch, HBM and recomputation: what
-    ``archplace place --expert``, the search's expert column and bench/phaze_tpuv4.py report."""
+    ``archplace place --expert``, the search's expert column and bench/phaze/phaze_tpuv4.py report."""
     p, d, t = pdt
     only_t = {m: {t: lys[t]} for m, lys in layers_by_mbs.items() if t in lys}
     if not only_t:

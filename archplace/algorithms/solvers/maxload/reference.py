@@ -1,6 +1,6 @@
 """The reference optima of the published inputs (the workload README), by "<folder>/<file name>".
 
-Tests and ``bench/dp_partitioning.py`` compare against these; ``solve-dp`` reports the difference.
+Tests and ``bench/gdp/dp_partitioning.py`` compare against these; ``solve-dp`` reports the difference.
 """
 
 from __future__ import annotations

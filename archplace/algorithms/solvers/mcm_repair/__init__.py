@@ -87,7 +87,7 @@ The result records its stage: partitions from stages 3–4 meet the chain condit
 chips and to change more of ``y`` than the paper's procedure would with a perfect propagator; "cpsat"
 partitions are a non-paper variant (spec §3.1 (c): an objective towards ``y``) and cost one CP-SAT solve
 (about 0.1–0.5 s for FIX on 36 chips and 70–180 nodes, up to a few seconds for SAMPLE; milliseconds on
-8-chip graphs of <= 50 nodes, bench/mcm_repair_stages.py). ``bench/mcm_repair_stages.py`` measures how
+8-chip graphs of <= 50 nodes, bench/mcm/mcm_repair_stages.py). ``bench/mcm/mcm_repair_stages.py`` measures how
 often each stage runs on uniform proposals.
 
 Where things are (one concern per module; at run time each imports only modules listed above it):
