@@ -27,9 +27,47 @@ def git_state() -> dict:
     return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(changed), "dirty_files": changed}
 
 
+LIBRARIES = ("numpy", "scipy", "torch", "ray", "ortools", "highspy", "numba", "transformers", "pyarrow",
+             "sqlalchemy", "fastapi", "torch_geometric", "gymnasium")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                    "RAY_num_cpus", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+
+
+def libraries() -> dict:
+    """Versions of the libraries a number can depend on (summation order, kernels, solver versions):
+    the same command on another setup is only comparable when these match."""
+    from importlib import metadata
+
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def threads() -> dict:
+    """The thread settings in force: the environment variables, and torch's own counts and
+    deterministic-algorithm flag when torch is already imported by the bench (never imported here)."""
+    out: dict = {"env": {k: os.environ.get(k) for k in THREAD_VARIABLES}}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch_threads"] = torch.get_num_threads()
+        out["torch_interop_threads"] = torch.get_num_interop_threads()
+        out["torch_deterministic_algorithms"] = torch.are_deterministic_algorithms_enabled()
+    try:
+        out["affinity_cpus"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        out["affinity_cpus"] = None
+    return out
+
+
 def machine(load_before: tuple[float, float, float]) -> dict:
+    """The machine, its load before and after, and the libraries and threads a number depends on."""
     return {"cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-            "python": sys.version.split()[0], "platform": platform.platform()}
+            "python": sys.version.split()[0], "platform": platform.platform(), "libraries": libraries(),
+            "threads": threads()}
 
 
 def command() -> list[str]:
