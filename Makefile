@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-system lint bench run clean
+# Material for MkDocs prints a banner about MkDocs 2 on every build; nothing to act on here
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: install test test-system lint docs docs-check bench run clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +21,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
+	# the documentation site, strict (a broken link, a page missing from the nav, a reference page that no
+	# longer matches the code): see docs-check
+	$(MAKE) --no-print-directory docs-check
 	# two workers, whole files each (module fixtures such as test_platform's baseline search run once); a
 	# third worker was no faster from a fresh clone (21:08 against 20:14 with two) and loads the machine more.
 	# The tests marked `system` (their own `ray start` clusters, CLI drivers with their own Ray, `archplace
@@ -31,6 +37,14 @@ test-system: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check archplace tests bench
 
+# the site in site/ (not committed); docs/hooks/reference.py generates the reference pages from the code
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+# `mkdocs build --strict` into a temporary folder, removed afterwards (`make test` runs it first)
+docs-check: $(STAMP)
+	@d=$$(mktemp -d) && $(BIN)/mkdocs build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; exit $$rc
+
 bench: $(STAMP)
 	$(BIN)/python bench/platform/graph_capture.py
 
@@ -38,4 +52,4 @@ run: $(STAMP)
 	$(BIN)/archplace search bert-large
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site
