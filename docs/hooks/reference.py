@@ -154,7 +154,7 @@ def gen_cli() -> str:
         rows, sections = [], []
 
         def walk(p, depth: int) -> None:
-            for name, help_, sub in _subcommands(p):
+            for _name, help_, sub in _subcommands(p):
                 rows.append([f"[`{sub.prog}`](#{_anchor(sub.prog)})", help_])
                 sections.append(f"{'#' * depth} {sub.prog}\n\n```text\n{sub.format_help().rstrip()}\n```\n")
                 walk(sub, min(depth + 1, 6))
@@ -322,8 +322,8 @@ def gen_python_api() -> str:
                     "      show_root_toc_entry: false", "      members: false", ""]
         names = where[short]
         # functions first, then the requests and results, then constants
-        names.sort(key=lambda n: (not inspect.isfunction(getattr(api, n)), not inspect.isclass(getattr(api, n)),
-                                  api.__all__.index(n)))
+        names.sort(key=lambda n: (not inspect.isfunction(getattr(api, n)),
+                                  not inspect.isclass(getattr(api, n)), api.__all__.index(n)))
         for name in names:
             obj = getattr(api, name)
             out += [f"::: archplace.api.{name}", "    options:", "      heading_level: 3"]
@@ -397,7 +397,7 @@ def gen_presets_models() -> str:
 
     rows = [[f"`{p.name}`", p.family, p.model_class, p.seq_len, sum(p.depths.values()),
              ", ".join(map(str, p.tmp_widths)),
-             "{p=%d, d=%d, t=%d}" % EXPERT_STRATEGIES[p.name] if p.name in EXPERT_STRATEGIES else "",
+             "{{p={}, d={}, t={}}}".format(*EXPERT_STRATEGIES[p.name]) if p.name in EXPERT_STRATEGIES else "",
              p.source] for p in PRESETS.values()]
     return _table(["name", "family", "transformers class", "sequence", "blocks", "TMP widths",
                    "expert placement (1,024 accelerators)", "source"], rows)
