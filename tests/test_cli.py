@@ -108,11 +108,14 @@ def test_place_sequential_json(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--fixed", "2,2"], "--fixed must be p,d,t"),
-    (["--fixed", "64,64,1"], "needs 4096 accelerators, more than --accelerators 1024"),
-    (["--accelerators", "0"], "--accelerators must be a positive integer"),
+    (["--fixed", "64,64,1"], "needs 4096 accelerators, more than --devices 1024"),
+    (["--devices", "0"], "argument --devices: must be at least 1"),
 ])
 def test_place_bad_input(capsys, argv, match):
-    code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
+    try:
+        code, out, err = run(capsys, "place", "bert-base", "--arch", "tpuv4", "--sequential", *argv)
+    except SystemExit as e:  # an argparse error (one line too)
+        code, err = e.code, capsys.readouterr().err
     assert code == 2 and match in err and err.count("\n") == 1
 
 
@@ -142,15 +145,18 @@ def test_pipeline_exact_json_and_summary(capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["pipeline", "bert-base", "--cluster", "D"], "--cluster must be one of"),
-    (["pipeline", "bert-base", "--cluster", "A", "--stages", "9"], "--stages must be in"),
-    (["pipeline", "bert-base", "--cluster", "A", "--budget", "0"], "--budget must be"),
-    (["pipeline", "nosuch", "--cluster", "A"], "unknown model"),
-    (["pipeline", "bert-base", "--cluster", "A", "--algo", "pretrained", "--pretrained", "/nope.npz"],
+    (["pipeline", "bert-base", "--devices", "8"], "--devices: must be 16, 24, 32"),
+    (["pipeline", "bert-base", "--devices", "16", "--stages", "9"], "--stages must be in"),
+    (["pipeline", "bert-base", "--devices", "16", "--max-evals", "0"], "--max-evals: must be at least 1"),
+    (["pipeline", "nosuch", "--devices", "16"], "unknown model"),
+    (["pipeline", "bert-base", "--devices", "16", "--algo", "pretrained", "--pretrained", "/nope.npz"],
      "does not exist"),
 ])
 def test_pipeline_bad_input(capsys, argv, match):
-    code, _, err = run(capsys, *argv)
+    try:
+        code, _, err = run(capsys, *argv)
+    except SystemExit as e:  # an argparse error (one line too)
+        code, err = e.code, capsys.readouterr().err
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
 
 

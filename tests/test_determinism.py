@@ -162,5 +162,5 @@ def test_budget_defaults_agree_everywhere():
     p = build_parser()
     place = p.parse_args(["place", "bert-base", "--arch", "tpuv4"])
     search = p.parse_args(["search", "bert-base"])
-    assert (place.ilp_budget, place.ilp_time_limit) == (L.DEFAULT_BUDGET, L.DEFAULT_TIME_LIMIT_S)
-    assert (search.ilp_budget, search.ilp_time_limit) == (SEARCH_ILP_BUDGET, SEARCH_ILP_TIME_LIMIT_S)
+    assert (place.ilp_det_time, place.ilp_timeout) == (L.DEFAULT_BUDGET, L.DEFAULT_TIME_LIMIT_S)
+    assert (search.ilp_det_time, search.ilp_timeout) == (SEARCH_ILP_BUDGET, SEARCH_ILP_TIME_LIMIT_S)

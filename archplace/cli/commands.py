@@ -26,7 +26,9 @@ from archplace.cli import (
     searching,
     serve,
     sharding,
+    status,
     tune_rl,
+    vocabulary,
 )
 
 # a subcommand: (add its parser, run it -> the --json dict, print that dict for people)
@@ -49,7 +51,7 @@ COMMANDS = {command: _entry(module, command) for command, module in (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="archplace", description=__doc__.split("\n")[0])
+    p = vocabulary.Parser(prog="archplace", description=__doc__.split("\n")[0])
     p.add_argument("--no-cache", action="store_true",
                    help="capture every model graph again instead of reading ~/.cache/archplace/graphs (as "
                         "ARCHPLACE_CACHE_DIR='' does; the Ray workers this command starts inherit it)")
@@ -61,14 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # request fields whose flag is not "--" + the field with "-" for "_"
+# (and vocabulary.field_flag: the renamed ones, some per command)
 FLAGS = {"model": "MODEL", "models": "MODEL", "file": "FILE", "out_dir": "--out", "hbm_gb": "--hbm",
-         "ilp_time_limit_s": "--ilp-time-limit", "contention": "--no-contention",
-         "time_limit_s": "--time-limit",
+         "contention": "--no-contention",
          "wait_timeout_s": "--wait-timeout", "area_bucket_mm2": "--area-bucket"}
 
 
-def _flag(field: str) -> str:
-    return FLAGS.get(field, "--" + field.replace("_", "-"))
+def _flag(field: str, args=None) -> str:
+    command = getattr(args, "command", "")
+    return (vocabulary.field_flag(command, field, args) or FLAGS.get(field)
+            or "--" + field.replace("_", "-"))
+
+
+# what a command does first (status.py prints it once the command has run a second)
+FIRST_PHASE = {"models": "listing the models", "graph": "building the graph",
+               "report": "reading the evaluations", "solve-dp": "reading the graph"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"archplace serve: error: {e}", file=sys.stderr)
             return 2
     _, run, show = COMMANDS[args.command]
+    # phase lines on stderr when run as the program (argv None); a caller passing argv gets results
+    # and errors only, as before
     try:
-        res = run(args)
+        with status.Status(args.command, FIRST_PHASE.get(args.command, "checking the input"),
+                           enabled=argv is None):
+            res = run(args)
     except api.InvalidRequest as e:  # the API names request fields; the CLI user knows the flags
-        print(f"archplace {args.command}: error: {e.render({f: _flag(f) for f in e.fields})}",
+        print(f"archplace {args.command}: error: {e.render({f: _flag(f, args) for f in e.fields})}",
               file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, OSError) as e:

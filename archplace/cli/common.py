@@ -113,18 +113,25 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_ilp_budget_args(parser, budget: float, time_limit_s: float) -> None:
-    """``--ilp-budget`` (the work per layer-slice ILP, which decides the answer) and ``--ilp-time-limit``
-    (the wall-clock safety limit per slice) with a command's defaults."""
-    parser.add_argument("--ilp-budget", type=float, default=budget, metavar="DSEC",
+    """``--ilp-det-time`` (the work per layer-slice ILP, which decides the answer) and ``--ilp-timeout``
+    (the wall-clock safety limit per slice) with a command's defaults; the old ``--ilp-budget`` and
+    ``--ilp-time-limit`` keep working with a note."""
+    from archplace.cli.vocabulary import positive, renamed
+
+    parser.add_argument("--ilp-det-time", type=positive(float, "deterministic seconds"), default=budget,
+                        metavar="DSEC",
                         help="work per layer-slice ILP in deterministic seconds (CP-SAT's deterministic "
                              "time; HiGHS: 1000 nodes per unit); the answer depends on it and not on the "
                              "machine's load, so the same command gives the same placement on an idle and on "
                              f"a busy machine (default {budget:g})")
-    parser.add_argument("--ilp-time-limit", type=float, default=time_limit_s, metavar="SEC",
+    parser.add_argument("--ilp-timeout", type=positive(float, "seconds"), default=time_limit_s, metavar="SEC",
                         help="wall-clock safety limit per layer-slice ILP in seconds; a slice it stops "
                              "keeps its best schedule so far and is counted as load-dependent "
                              "(ilp.load_dependent), since that answer depends on the machine's load "
                              f"(default {time_limit_s:g})")
+    renamed(parser, "--ilp-budget", "--ilp-det-time", "ilp_det_time",
+            type=positive(float, "deterministic seconds"))
+    renamed(parser, "--ilp-time-limit", "--ilp-timeout", "ilp_timeout", type=positive(float, "seconds"))
 
 
 NO_CONTENTION_HELP = ("the paper's model: concurrently running ops each get the full HBM/GLB bandwidth "

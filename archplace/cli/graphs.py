@@ -9,6 +9,8 @@ from typing import Any
 
 from archplace import api
 from archplace.cli.common import OPTIMIZER_HELP, add_model_args, arch_label, fmt_bytes, fmt_flops, model_ref
+from archplace.cli.vocabulary import ARCH_HELP, add_devices, count, gpu_help
+from archplace.hardware.gpus import GPUS
 
 
 def cmd_models(args) -> dict[str, Any]:
@@ -195,9 +197,13 @@ def add_estimate_parser(sub) -> None:
                                         "training step on one GPU (--gpu)")
     e.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
     add_model_args(e)
-    e.add_argument("--arch", default=None, help="accelerator preset (tpuv4) or a JSON file")
-    e.add_argument("--gpu", default=None, help="GPU preset (h200, h100-sxm, a100-80gb, a100-40gb, v100-sxm2, "
-                                               "p100-pcie): one training step on one GPU instead of --arch")
+    e.add_argument("--arch", default=None, metavar="NAME|FILE", help=ARCH_HELP)
+    e.add_argument("--gpu", default=None, metavar="NAME",
+                   help=gpu_help(GPUS, ": one training step on one GPU instead of --arch"))
+    add_devices(e, "devices: 1 (estimate costs one accelerator or one GPU; place, place-ops, pipeline and "
+                   "shard take more)", default=1,
+                type=count(low=1, high=1, why=" (estimate costs one device; place, place-ops, pipeline "
+                                             "and shard take more)"))
     e.add_argument("--backend", choices=["analytical", "zigzag"], default=None,
                    help="--arch: cost backend (default analytical)")
     e.add_argument("--seq", type=int, default=None)

@@ -5,22 +5,48 @@ each ``print_*`` writes the human summary; each ``add_*_parser`` declares the fl
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from archplace import api
-from archplace.api.operator_placement import MACHINES
+from archplace.api.operator_placement import CALL_BUDGET_MIN, MACHINES, MAX_BUDGET_CALLS
 from archplace.cli.common import connect_if_needed, fmt_bytes
 from archplace.cli.pipelining import add_op_model_args
+from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, note, positive, refuse, renamed
 
 
 def cmd_place_ops(args) -> dict[str, Any]:
     """Every operator of a model's training step on one GPU of a multi-GPU machine (GDP)."""
-    req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.machine,
-                              batch=args.batch, seed=args.seed, budget=args.budget,
+    budget = _budget(args)
+    req = api.PlaceOpsRequest(args.model, devices=args.devices, algo=args.algo, machine=args.gpu,
+                              batch=args.batch, seed=args.seed, budget=budget,
                               pretrained=args.pretrained, zero_shot=args.zero_shot, op_model=args.op_model,
                               dtype=args.dtype, profile=args.profile)
     connect_if_needed(req, args.address)
-    return api.place_ops(req).to_dict()
+    res = api.place_ops(req).to_dict()
+    unit = "timeout_s" if args.algo == "exact" else "max_evals" if args.algo in CALL_BUDGET_MIN else None
+    res[BUDGETS_KEY] = budgets(**{unit: int(req.budget_value) if unit == "max_evals" else req.budget_value}) \
+        if unit else {}
+    return res
+
+
+def _budget(args) -> float | None:
+    """The request's ``budget``: ``--max-evals`` (sa, lns, gdp*: simulator calls) or ``--timeout``
+    (exact: CP-SAT wall-clock seconds); the old ``--budget`` means either, by ``--algo``."""
+    evals = ", ".join(CALL_BUDGET_MIN)
+    if args.algo != "exact" and args.timeout is not None:
+        raise ValueError(f"--timeout applies to --algo exact (CP-SAT seconds); --algo {args.algo} "
+                         + ("counts --max-evals simulator calls" if args.algo in CALL_BUDGET_MIN
+                            else "takes no budget"))
+    if args.algo not in CALL_BUDGET_MIN and args.max_evals is not None:
+        raise ValueError(f"--max-evals applies to --algo {evals}; --algo {args.algo} "
+                         + ("takes --timeout SEC" if args.algo == "exact" else "takes no budget"))
+    if args.budget is not None:
+        note("--budget", "--timeout" if args.algo == "exact" else "--max-evals")
+        if args.timeout is not None or args.max_evals is not None:
+            raise ValueError("give --max-evals or --timeout, not also the old --budget")
+        return args.budget
+    return args.timeout if args.algo == "exact" else args.max_evals
 
 
 def print_place_ops(res: dict[str, Any]) -> None:
@@ -71,23 +97,34 @@ def add_place_ops_parser(sub) -> None:
                                           "(GDP)")
     po.add_argument("model", help="GDP preset: rnnlm-2|4|8, gnmt-2|4|8, txl-2|4|8, inception-v3, "
                                   "wavenet-2x18, wavenet-4x36, ...")
-    po.add_argument("--devices", type=int, default=None,
-                    help="GPUs (default: the preset's, as in GDP's Table 1)")
+    add_devices(po, "GPUs (default: the preset's, as in GDP's Table 1)",
+                type=count("GPUs", high=64, why=" (a GDP machine)"))
     po.add_argument("--algo", choices=api.PLACE_OPS_ALGOS, default="m-etf",
                     help="gdp: the best fast placer cloned into the GDP policy, then PPO; the answer is the "
                          "fastest of the policy's greedy placement, its best sample and that warm start, and "
                          "says which (answer_source)")
-    po.add_argument("--machine", choices=MACHINES, default="p100-pcie",
-                    help="p100-pcie, v100-nvlink (GDP's era), or a GPU preset: N of it on NVLink")
+    po.add_argument("--gpu", choices=MACHINES, default="p100-pcie", metavar="NAME",
+                    help="p100-pcie (default) and v100-nvlink are GDP's machines (P100s on PCIe, V100s on "
+                         "NVLink, as the paper timed them); any other GPU preset ("
+                         + ", ".join(n for n in MACHINES if n not in ("p100-pcie", "v100-nvlink"))
+                         + ") is --devices of it on NVLink")
+    renamed(po, "--machine", "--gpu", "gpu", choices=MACHINES)
+    refuse(po, ("--arch",), "place-ops places operators on GPUs: it takes --gpu NAME; accelerator "
+                            "templates are placed by place and estimate --arch")
     add_op_model_args(po, "fp32 (GDP's TensorFlow graphs)")
     po.add_argument("--batch", type=int, default=None)
-    po.add_argument("--budget", type=float, default=None,
-                    help="exact: CP-SAT seconds (default 30); sa, lns: simulator calls, the 5 fast "
-                         "placers' start evaluations included (default 2000); gdp: simulator calls, the 5 "
-                         "fast placers of its warm start, every PPO sample and the greedy placement's "
-                         "evaluation included (default 2000, at least 6); gdp-pretrained: simulator calls, "
-                         "the PPO samples and the greedy evaluation (default 2000). Wall time bounds gdp* "
-                         "only as an outer safety limit (1 h of PPO)")
+    po.add_argument("--max-evals", type=count("simulator calls", high=MAX_BUDGET_CALLS), default=None,
+                    metavar="N",
+                    help="sa, lns: simulator calls, the 5 fast placers' start evaluations included "
+                         "(default 2000); gdp: simulator calls, the 5 fast placers of its warm start, every "
+                         "PPO sample and the greedy placement's evaluation included (default 2000, at "
+                         "least 6); gdp-pretrained: simulator calls, the PPO samples and the greedy "
+                         "evaluation (default 2000). Wall time bounds gdp* only as an outer safety limit "
+                         "(1 h of PPO)")
+    po.add_argument("--timeout", type=positive(float, "seconds"), default=None, metavar="SEC",
+                    help="exact: the CP-SAT solve's wall-clock limit in seconds (default 30); the answer "
+                         "can depend on the machine's load")
+    po.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)  # old: either, by --algo
     po.add_argument("--pretrained", default=None, help="gdp-pretrained: policy weights (.npz)")
     po.add_argument("--zero-shot", action="store_true",
                     help="gdp-pretrained: the pre-trained policy's placement, no updates")

@@ -9,16 +9,20 @@ from typing import Any
 
 from archplace import api
 from archplace.cli.common import connect_if_needed
+from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, refuse, renamed
 
 
 def cmd_partition(args) -> dict[str, Any]:
-    req = api.PartitionRequest(args.model, chiplets=args.chiplets, algo=args.algo, budget=args.budget,
+    req = api.PartitionRequest(args.model, chiplets=args.devices, algo=args.algo, budget=args.max_evals,
                                seed=args.seed, seq=args.seq, mbs=args.mbs, pretrained=args.pretrained,
                                zero_shot=args.zero_shot, env_runners=args.env_runners,
                                learners=args.learners, config=args.config, polish=args.polish,
                                polish_subsolves=args.polish_subsolves)
     connect_if_needed(req, args.address)
-    return api.partition(req).to_dict()
+    res = api.partition(req).to_dict()
+    res[BUDGETS_KEY] = budgets(max_evals=None if args.algo in ("greedy", "ppo-lns") else args.max_evals,
+                               polish_s=args.polish or None, polish_subsolves=args.polish_subsolves)
+    return res
 
 
 def exit_status(res: dict[str, Any]) -> int:
@@ -62,9 +66,14 @@ def print_partition(res: dict[str, Any]) -> None:
 def add_partition_parser(sub) -> None:
     pa = sub.add_parser("partition", help="partition a model over the chiplets of a multi-chip module")
     pa.add_argument("model", help="preset name, dnn-partitioning .json or archplace .parquet")
-    pa.add_argument("--chiplets", type=int, default=36)
+    add_devices(pa, "chiplets of the multi-chip module (default 36)", default=36, old=("--chiplets",),
+                type=count("chiplets", high=64))
+    refuse(pa, ("--arch", "--gpu"), "partition's hardware is the multi-chip module's chiplets: it takes "
+                                    "--devices N (chiplets), no --arch or --gpu")
     pa.add_argument("--algo", choices=api.PARTITION_ALGOS, default="sa")
-    pa.add_argument("--budget", type=int, default=200, help="samples (evaluated partitions)")
+    pa.add_argument("--max-evals", type=count("evaluated partitions", high=10**9), default=200, metavar="N",
+                    help="samples: evaluated partitions (default 200)")
+    renamed(pa, "--budget", "--max-evals", "max_evals", type=count("evaluated partitions", high=10**9))
     pa.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
                     help="then CP-SAT large-neighbourhood search on the best partition for SECONDS "
                          "(ppo-lns: the seconds of its learned search)")
@@ -73,7 +82,7 @@ def add_partition_parser(sub) -> None:
                          "answer under any load; --polish SECONDS is then only the outer safety limit)")
     pa.add_argument("--pretrained", default=None,
                     help="ppo / ppo-lns: start from these pre-trained weights (.npz from "
-                         "bench/mcm_pretrain.py / bench/mcm_lns_pretrain.py)")
+                         "bench/mcm/mcm_pretrain.py / bench/mcm/mcm_lns_pretrain.py)")
     pa.add_argument("--zero-shot", action="store_true", help="ppo: sample the pre-trained policy, no updates")
     pa.add_argument("--seq", type=int, default=None)
     pa.add_argument("--mbs", type=int, default=1)

@@ -1,28 +1,73 @@
-"""``archplace`` ``pipeline``: pipeline cuts of a model on V100 servers (Auto-MAP).
+"""``archplace`` ``pipeline``: pipeline cuts of a model on GPU servers (Auto-MAP).
 
 Each ``cmd_*`` turns argv into a request and returns the result's ``to_dict()`` (the ``--json`` output);
 each ``print_*`` writes the human summary; each ``add_*_parser`` declares the flags."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from archplace import api
 from archplace.api.pipelining import OP_MODELS
 from archplace.cli.common import connect_if_needed
+from archplace.cli.vocabulary import BUDGETS_KEY, budgets, count, gpu_help, refuse, renamed
 from archplace.hardware.gpus import DTYPES, GPUS
 
 
 def cmd_pipeline(args) -> dict[str, Any]:
-    """Pipeline cuts of a model on V100 servers (Auto-MAP): the exact DP over every contiguous cut set
-    (default), the DQN, the pre-trained agent or enumeration of the pruned candidates."""
-    req = api.PipelineRequest(args.model, cluster=args.cluster, stages=args.stages, algo=args.algo,
-                              budget=args.budget, seed=args.seed, finetune=args.finetune, radius=args.radius,
+    """Pipeline cuts of a model on GPU servers (Auto-MAP's V100 servers unless ``--gpu``): the exact DP
+    over every contiguous cut set (default), the DQN, the pre-trained agent or enumeration of the pruned
+    candidates."""
+    req = api.PipelineRequest(args.model, cluster=cluster_of_devices(args.devices, args.gpus_per_node),
+                              stages=args.stages, algo=args.algo, budget=args.max_evals, seed=args.seed,
+                              finetune=args.finetune, radius=args.radius,
                               pretrained=args.pretrained, env_runners=args.env_runners,
                               learners=args.learners, gpu=args.gpu, op_model=args.op_model, dtype=args.dtype,
                               profile=args.profile, attention=args.attention)
     connect_if_needed(req, args.address)
-    return api.pipeline(req).to_dict()
+    res = api.pipeline(req).to_dict()
+    res[BUDGETS_KEY] = budgets(max_evals=res.get("budget")) if args.algo == "rainbow" else {}
+    return res
+
+
+# the servers of Auto-MAP's clusters A, B and C (hardware.presets.v100_cluster), 8 GPUs each
+SERVERS = {"A": 2, "B": 3, "C": 4}
+GPUS_PER_NODE = 8
+DEVICES = tuple(GPUS_PER_NODE * n for n in SERVERS.values())
+
+
+def cluster_of_devices(devices: int | None, gpus_per_node: int) -> str:
+    """The request's cluster letter for ``--devices N --gpus-per-node 8`` (16, 24, 32: A, B, C)."""
+    if devices is None:
+        raise ValueError(f"--devices N is required: {', '.join(map(str, DEVICES))} GPUs (2, 3 or 4 servers "
+                         f"of --gpus-per-node {GPUS_PER_NODE})")
+    if gpus_per_node != GPUS_PER_NODE:
+        raise ValueError(f"--gpus-per-node must be {GPUS_PER_NODE} (the servers of Auto-MAP's clusters and "
+                         f"of every GPU preset's DGX), got {gpus_per_node}")
+    if devices not in DEVICES:
+        raise ValueError(f"--devices must be {', '.join(map(str, DEVICES))} GPUs (2, 3 or 4 servers of "
+                         f"--gpus-per-node {GPUS_PER_NODE}), got {devices:,}")
+    return next(c for c, n in SERVERS.items() if GPUS_PER_NODE * n == devices)
+
+
+def _cluster_devices(text: str) -> int:
+    """The old ``--cluster A|B|C`` as its ``--devices``."""
+    if text not in SERVERS:
+        raise argparse.ArgumentTypeError(f"must be one of A, B, C (2, 3 or 4 servers of 8 GPUs), "
+                                         f"got {text!r}")
+    return GPUS_PER_NODE * SERVERS[text]
+
+
+def _devices(text: str) -> int:
+    v = int(text)
+    if v not in DEVICES:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, DEVICES))} GPUs (2, 3 or 4 servers of "
+                                         f"--gpus-per-node {GPUS_PER_NODE}), got {v:,}")
+    return v
+
+
+_devices.__name__ = "int"
 
 
 def print_pipeline(res: dict[str, Any]) -> None:
@@ -30,7 +75,9 @@ def print_pipeline(res: dict[str, Any]) -> None:
     dp = res["algo"] == "dp"
     om = res.get("op_model")
     gpu = om["gpu"] if om else "V100"
-    print(f"{res['model']} on {gpu} cluster {res['cluster']} ({res['gpus']} GPUs), {res['stages']} stages "
+    print(f"{res['model']} on {res['gpus']} {gpu} ({res['gpus'] // GPUS_PER_NODE} servers of "
+          f"{GPUS_PER_NODE}), "
+          f"{res['stages']} stages "
           f"[{res['algo']}, {res['wall_s']:.1f} s]")
     if om:
         print(f"  op model     {om['op_model']}, {om['dtype']}: {om['note']}")
@@ -62,19 +109,28 @@ def print_pipeline(res: dict[str, Any]) -> None:
 
 
 def add_pipeline_parser(sub) -> None:
-    pp = sub.add_parser("pipeline", help="pipeline cuts of a model on V100 servers (Auto-MAP; exact DP "
+    pp = sub.add_parser("pipeline", help="pipeline cuts of a model on GPU servers (Auto-MAP; exact DP "
                                          "by default)")
     pp.add_argument("model", help="preset name (see `archplace models`), e.g. bert-48, t5-3b")
-    pp.add_argument("--cluster", required=True, help="A, B or C: 2, 3 or 4 servers of 8 V100")
+    pp.add_argument("--devices", type=_devices, default=None, metavar="N",
+                    help="GPUs, required: 16, 24 or 32 (2, 3 or 4 servers of --gpus-per-node; of --gpu, "
+                         "default Auto-MAP's V100s)")
+    pp.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, metavar="N",
+                    help=f"GPUs per server on NVLink (default {GPUS_PER_NODE}; the only shape modelled)")
+    renamed(pp, "--cluster", "--devices", "devices", type=_cluster_devices, metavar="A|B|C")
+    refuse(pp, ("--arch",), "pipeline cuts a model over GPU servers: it takes --gpu NAME; accelerator "
+                            "templates are placed by place --arch")
     pp.add_argument("--stages", type=int, default=None, help="K (default: the number of servers)")
     pp.add_argument("--algo", choices=api.PIPELINE_ALGOS, default="dp",
                     help="dp (default): the exact optimum over every contiguous cut set, by dynamic "
                          "programming; rainbow, pretrained: the DQN agents (Ray); exact: enumeration of "
                          "the pruned candidates")
-    pp.add_argument("--budget", type=int, default=None,
+    pp.add_argument("--max-evals", type=count("cost-model evaluations", high=10**9), default=None,
+                    metavar="N",
                     help="rainbow: cost-model evaluations, i.e. simulator calls of completed plans plus the "
                          "lookahead/feature rows of every open pivot at every step (default: 1300 plans' "
                          "worth); the search stops there and says so")
+    renamed(pp, "--budget", "--max-evals", "max_evals", type=count("cost-model evaluations", high=10**9))
     pp.add_argument("--pretrained", default=None, help="pretrained: weights .npz (default: the package's)")
     pp.add_argument("--finetune", type=int, default=0, help="pretrained: fine-tuning steps (0: zero-shot)")
     pp.add_argument("--radius", type=int, default=3, help="rainbow, pretrained, exact: pruning radius "
@@ -87,9 +143,10 @@ def add_pipeline_parser(sub) -> None:
     pp.add_argument("--learners", type=int, default=0,
                     help="rainbow: remote learner actors (default 0: in this process)")
     add_op_model_args(pp, "fp16 (Auto-MAP's mixed precision)")
-    pp.add_argument("--gpu", default=None, choices=sorted(GPUS),
-                    help="servers of 8 of this GPU on its NVLink, its InfiniBand between servers (as many "
-                         "servers as --cluster has; default: Auto-MAP's V100 servers on 25 Gbps)")
+    pp.add_argument("--gpu", default=None, choices=sorted(GPUS), metavar="NAME",
+                    help=gpu_help(GPUS, ": servers of --gpus-per-node of this GPU on its NVLink, its "
+                                        "InfiniBand between servers (default: Auto-MAP's V100 servers on "
+                                        "25 Gbps)"))
     pp.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
                     help="eager (default, as captured: the score matrix goes through HBM) or sdpa (fused, "
                          "FlashAttention's IO-aware traffic)")

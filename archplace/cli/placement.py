@@ -18,6 +18,7 @@ from archplace.cli.common import (
     model_ref,
     parse_fixed,
 )
+from archplace.cli.vocabulary import ARCH_HELP, BUDGETS_KEY, add_devices, budgets, positive, refuse, renamed
 
 
 def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
@@ -34,16 +35,19 @@ def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
 
 def cmd_place(args) -> dict[str, Any]:
     # without --hbm the accelerator's own (a preset is the chip it names), or 32/64/80 for a design
-    req = api.PlaceRequest(model_ref(args), args.arch, accelerators=args.accelerators,
+    req = api.PlaceRequest(model_ref(args), args.arch, accelerators=args.devices,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else None,
                            sequential=args.sequential, fixed=parse_fixed(args.fixed), seq=args.seq,
                            expert=_parse_expert(args.expert, args.model),
-                           ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit,
+                           ilp_budget=args.ilp_det_time, ilp_time_limit_s=args.ilp_timeout,
                            contention=not args.no_contention, optimizer=args.optimizer,
                            sync_model=args.sync_model, grad_reduce_dtype=args.grad_reduce_dtype,
                            capture_blocks=args.capture_blocks,
                            tp_from=args.tp_from)
-    return api.place(req).to_dict()
+    res = api.place(req).to_dict()
+    res[BUDGETS_KEY] = {} if args.sequential else budgets(ilp_det_time_s=args.ilp_det_time,
+                                                          ilp_timeout_s=args.ilp_timeout)
+    return res
 
 
 def _gap_text(ilp: dict[str, Any]) -> str:
@@ -77,7 +81,7 @@ def _print_ilp(ilp: dict[str, Any], schedule: str) -> None:
     if ilp.get("load_dependent"):
         print(f"  warning      {ilp['load_dependent']} slice(s) stopped by the wall-clock safety limit or a "
               "solver failure: their schedules, and so this answer, may differ on a machine under another "
-              "load; raise --ilp-time-limit (or lower --ilp-budget)")
+              "load; raise --ilp-timeout (or lower --ilp-det-time)")
     if ilp.get("contention") is False:
         print("  bandwidth    the paper's model: concurrent ops each get the full HBM/GLB bandwidth")
     elif ilp.get("peak_hbm_share") is not None:
@@ -140,8 +144,8 @@ def _print_tp_source(src: dict[str, Any] | None, throughput: float) -> None:
 
 
 def cmd_solve_dp(args) -> dict[str, Any]:
-    req = api.SolveDpRequest(args.file, method=args.method, time_limit_s=args.time_limit)
-    return api.solve_dp(req).to_dict()
+    req = api.SolveDpRequest(args.file, method=args.method, time_limit_s=args.timeout)
+    return {**api.solve_dp(req).to_dict(), BUDGETS_KEY: budgets(timeout_s=args.timeout)}
 
 
 def print_solve_dp(res: dict[str, Any]) -> None:
@@ -163,15 +167,17 @@ def add_place_parser(sub) -> None:
     pl = sub.add_parser("place", help="best placement of a model on K copies of an accelerator")
     pl.add_argument("model", nargs="?", help="preset name")
     add_model_args(pl)
-    pl.add_argument("--arch", required=True, help="accelerator preset (tpuv4) or a JSON file")
-    pl.add_argument("--accelerators", type=int, default=1024)
+    pl.add_argument("--arch", required=True, metavar="NAME|FILE", help=ARCH_HELP)
+    refuse(pl, ("--gpu",), "place takes --arch NAME|FILE (an accelerator template); GPUs are placed by "
+                           "place-ops, pipeline and shard --gpu NAME")
+    add_devices(pl, "accelerators: copies of --arch (default 1024)", default=1024, old=("--accelerators",))
     pl.add_argument("--global-batch", type=int, default=4096)
     pl.add_argument("--fixed", metavar="P,D,T",
                     help="fixed {p,d,t}, optimised split: the DP still chooses which layers form each stage")
     pl.add_argument("--expert", metavar="P,D,T|paper",
                     help="evaluate exactly the expert placement {p,d,t} (paper: the Phaze paper's Table 4 "
                          "strategy for MODEL): an even split of the transformer blocks over p stages, as "
-                         "bench/phaze_tpuv4.py")
+                         "bench/phaze/phaze_tpuv4.py")
     pl.add_argument("--hbm", type=float,
                     help="HBM size in GiB (default: the accelerator's own, e.g. 32 for tpuv4; 32, 64 and 80 "
                          "are tried for an architecture file that gives no hbm_gb)")
@@ -192,5 +198,7 @@ def add_solve_dp_parser(sub) -> None:
     sd = sub.add_parser("solve-dp", help="optimal max-load split of a dnn-partitioning input")
     sd.add_argument("file")
     sd.add_argument("--method", default="auto", choices=["auto", "dp", "milp"])
-    sd.add_argument("--time-limit", type=float, default=600.0)
+    sd.add_argument("--timeout", type=positive(float, "seconds"), default=600.0, metavar="SEC",
+                    help="wall-clock limit of the MILP in seconds (default 600)")
+    renamed(sd, "--time-limit", "--timeout", "timeout", type=positive(float, "seconds"))
     sd.add_argument("--json", action="store_true")

@@ -12,6 +12,7 @@ from typing import Any
 
 from archplace import api
 from archplace.api.codesign import MCM_PLACERS, TARGETS
+from archplace.cli import status
 from archplace.cli.common import (
     NO_CONTENTION_HELP,
     add_ilp_budget_args,
@@ -20,24 +21,36 @@ from archplace.cli.common import (
     float_list,
     int_list,
 )
+from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, positive, refuse, renamed
 
 
 def cmd_search(args) -> dict[str, Any]:
+    from pathlib import Path
+
+    from archplace.platform.search import check_address, check_paths, set_run_start
     from archplace.workloads.byom import hf_ref
 
     models = tuple(args.models) + tuple(hf_ref(c, allow_unmapped_ops=args.allow_unmapped_ops)
                                         for c in args.hf_config or ())
     if not models:
         raise ValueError("give one or more MODELs or --hf-config CONFIG.json")
+    # what needs no model, before a config's transformers import (seconds) and before --out is made
+    if args.out:
+        check_paths(Path(args.out).resolve(), args.schedule_cache)
+    if args.target == "accelerator":
+        check_address(args.address)
+    st = status.active()
+    if st is not None:   # one clock: the progress line, the summary and report.md count from the start
+        set_run_start(st.start)
     req = api.SearchRequest(
-        models=models, out_dir=args.out, accelerators=args.accelerators,
-        global_batch=args.global_batch, searcher=args.searcher, budget=args.budget, address=args.address,
+        models=models, out_dir=args.out, accelerators=args.devices,
+        global_batch=args.global_batch, searcher=args.searcher, budget=args.max_archs, address=args.address,
         resume=args.resume, retry_failed=args.retry_failed, workers=args.workers,
         archs_per_trial=args.archs_per_trial, schedule=args.schedule, schedule_cache=args.schedule_cache,
         wait_timeout_s=args.wait_timeout, microbatches=int_list(args.microbatches, "--microbatches"),
         hbm_gb=float_list(args.hbm, "--hbm"), recompute=args.recompute, seq=args.seq,
         tmp_widths=int_list(args.tmp_widths, "--tmp-widths") if args.tmp_widths else None,
-        ilp_budget=args.ilp_budget, ilp_time_limit_s=args.ilp_time_limit, space=args.space,
+        ilp_budget=args.ilp_det_time, ilp_time_limit_s=args.ilp_timeout, space=args.space,
         hysteresis=args.hysteresis,
         area_bucket_mm2=args.area_bucket, seed=args.seed, max_failures=args.max_failures,
         contention=not args.no_contention, optimizer=args.optimizer, sync_model=args.sync_model,
@@ -46,12 +59,25 @@ def cmd_search(args) -> dict[str, Any]:
         screen_prune=args.screen_prune)
     req = dataclasses.replace(req, **_codesign_args(args))
     try:
-        return api.search(req, terminal_progress=not args.json).to_dict()
+        # the progress line is on stderr: with --json too when run as the program
+        res = api.search(req, terminal_progress=not args.json or st is not None)
+        return {**res.to_dict(), BUDGETS_KEY: _budgets(req)}
     except KeyboardInterrupt:
         # Ctrl-C: the architectures that finished are stored; exit 130 (128 + SIGINT) as shells expect,
         # where Tune's own handler used to end the run as if it had finished, exit 0 (issue 29)
         print("archplace search: interrupted, resume with --resume", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _budgets(req) -> dict[str, Any]:
+    """What bounded the search: architectures (designs; the screen searcher evaluates the whole space),
+    and per target the solver work each took."""
+    archs = None if req.searcher == "screen" else req.budget
+    if req.target == "mcm":
+        return budgets(max_archs=archs, subsolves=req.subsolves, det_time_s=req.det_time)
+    if req.target != "accelerator" or (req.schedule != "ilp" and req.searcher != "screen"):
+        return budgets(max_archs=archs)
+    return budgets(max_archs=archs, ilp_det_time_s=req.ilp_budget, ilp_timeout_s=req.ilp_time_limit_s)
 
 
 def print_search(res: dict[str, Any]) -> None:
@@ -82,8 +108,7 @@ def print_search(res: dict[str, Any]) -> None:
         if ilp.get("load_dependent"):
             print(f"  warning      {ilp['load_dependent']} slice solve(s) stopped by the wall-clock safety "
                   "limit or a solver failure: those answers may differ on a machine under another load; "
-                  "raise "
-                  "--ilp-time-limit (or lower --ilp-budget)")
+                  "raise --ilp-timeout (or lower --ilp-det-time)")
     scr = st.get("screen")
     if scr is not None:   # searcher screen: the two phases, and how deep in phase 1 the winners were
         p1, p2 = st.get("phase1") or {}, st.get("phase2") or {}
@@ -137,12 +162,17 @@ def add_search_parser(sub) -> None:
     se = sub.add_parser("search", help="architecture × placement co-search on Ray Tune")
     se.add_argument("models", nargs="*", help="model presets; one trial evaluates all of them")
     add_model_args(se, many=True)
-    se.add_argument("--accelerators", type=int, default=1024)
+    add_devices(se, "accelerators each architecture is placed on (default 1024; --target accelerator)",
+                default=1024, old=("--accelerators",))
+    refuse(se, ("--arch", "--gpu"), "search searches the hardware: its space is --space FILE.yaml for "
+                                    "--target accelerator (Phaze's accelerator templates), mcm (chiplet "
+                                    "packages) or gpu-cluster (GPU clusters); estimate and place take "
+                                    "--arch, place-ops, pipeline and shard take --gpu")
     se.add_argument("--global-batch", type=int, default=4096)
     se.add_argument("--searcher", default="phaze",
                     help="phaze (area order + hysteresis), optuna, random, grid, or screen (every "
                          "architecture of the space with the sequential schedule, then the ILP on the "
-                         "top --screen-top-k per model and across models; --budget does not apply)")
+                         "top --screen-top-k per model and across models; --max-archs does not apply)")
     se.add_argument("--screen-top-k", type=int, default=None,
                     help="searcher screen: architectures per objective that phase 2 solves with the ILP "
                          "(default 32)")
@@ -150,7 +180,9 @@ def add_search_parser(sub) -> None:
                     help="searcher screen: phase 1 in decreasing order of a proven throughput bound, "
                          "skipping every architecture that cannot reach any objective's top k (the same "
                          "top k and winners; the skipped ones are listed in screen_prune.json)")
-    se.add_argument("--budget", type=int, default=16, help="most architectures to evaluate")
+    se.add_argument("--max-archs", type=count("architectures", high=10**9), default=16, metavar="N",
+                    help="most architectures (mcm, gpu-cluster: hardware designs) to evaluate (default 16)")
+    renamed(se, "--budget", "--max-archs", "max_archs", type=count("architectures", high=10**9))
     se.add_argument("--out", help="result directory (default: runs/search-TIMESTAMP)")
     se.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT")
     se.add_argument("--resume", action="store_true", help="continue the search in --out")
@@ -207,8 +239,9 @@ def add_codesign_args(se) -> None:
                     help="mcm: how each model is partitioned on each package")
     se.add_argument("--subsolves", type=int, default=api.SearchRequest.subsolves,
                     help="mcm: CP-SAT sub-solves per model and package (cpsat: the same work in one solve)")
-    se.add_argument("--det-time", type=float, default=api.SearchRequest.det_time,
-                    help="mcm: CP-SAT deterministic time units per sub-solve")
+    se.add_argument("--det-time", type=positive(float, "deterministic seconds"),
+                    default=api.SearchRequest.det_time, metavar="DSEC",
+                    help="mcm: CP-SAT deterministic seconds per sub-solve")
     se.add_argument("--finetune-subsolves", type=int, default=0,
                     help="mcm ppo-pretrained: PPO fine-tune sub-solves on each problem first (0: zero-shot)")
     se.add_argument("--policy", help="mcm ppo-pretrained: the pre-trained weights "

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from archplace.api.sharding import SHARD_ALGOS, SHARD_DTYPES, ShardRequest, shard
+from archplace.api.sharding import DQN_BUDGET, SHARD_ALGOS, SHARD_DTYPES, ShardRequest, shard
 from archplace.cli.common import connect_if_needed, fmt_bytes
+from archplace.cli.vocabulary import (
+    BUDGETS_KEY,
+    add_devices,
+    budgets,
+    count,
+    gpu_help,
+    positive,
+    refuse,
+    renamed,
+)
 from archplace.hardware.gpus import GPUS
 
 
@@ -29,13 +39,20 @@ def cmd_shard(args) -> dict[str, Any]:
         batch=args.batch,
         gpu=args.gpu,
         dtype=args.dtype,
-        budget=args.budget,
-        max_deterministic_s=args.max_deterministic_time,
+        budget=args.max_evals,
+        max_deterministic_s=args.det_time,
         seed=args.seed,
         reward=args.reward,
     )
     connect_if_needed(req, args.address)
-    return shard(req).to_dict()
+    res = shard(req).to_dict()
+    if args.algo == "ilp":
+        res[BUDGETS_KEY] = budgets(det_time_s=args.det_time)
+    elif args.algo in ("random", "dqn"):  # random without --max-evals: as many as greedy spends
+        res[BUDGETS_KEY] = budgets(max_evals=args.max_evals or (DQN_BUDGET if args.algo == "dqn" else None))
+    else:
+        res[BUDGETS_KEY] = {}
+    return res
 
 
 def print_shard(res: dict[str, Any]) -> None:
@@ -103,15 +120,15 @@ def add_shard_parser(sub) -> None:
         default=None,
         help="a transformers config of a T5, GPT-2, BERT, Llama or OPT model, instead of a preset",
     )
-    p.add_argument("--devices", type=int, required=True, help="T: each split dimension is split over all T")
+    add_devices(p, "T: each split dimension is split over all T devices (GPUs of --gpu)", required=True)
     p.add_argument(
         "--algo",
         choices=SHARD_ALGOS,
         default="ilp",
         help="ilp (default): CP-SAT, the optimum of the predicted step time under memory; greedy; "
-        "random (--budget propagation calls); megatron: Megatron-LM's sharding (OPP); "
-        "exhaustive: every choice of the data inputs (ADP); dqn: Auto-MAP's DQN (Ray; --budget propagation "
-        "calls, default 20000)",
+        "random (--max-evals propagation calls); megatron: Megatron-LM's sharding (OPP); "
+        "exhaustive: every choice of the data inputs (ADP); dqn: Auto-MAP's DQN (Ray; --max-evals "
+        "propagation calls, default 20000)",
     )
     p.add_argument(
         "--data-parallel",
@@ -121,21 +138,30 @@ def add_shard_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=None, help="tokens (default: the preset's; vgg19: image side)")
     p.add_argument("--batch", type=int, default=8, help="examples per step (default 8)")
     p.add_argument(
-        "--gpu", choices=sorted(GPUS), default="v100-sxm2", help="GPU preset (default v100-sxm2, Auto-MAP's)"
+        "--gpu", choices=sorted(GPUS), default="v100-sxm2", metavar="NAME",
+        help=gpu_help(GPUS, " (default v100-sxm2, Auto-MAP's)"),
     )
+    refuse(p, ("--arch",), "shard splits a model over GPUs: it takes --gpu NAME; accelerator templates are "
+                           "placed by place --arch")
     p.add_argument("--dtype", choices=SHARD_DTYPES, default="fp16", help="GEMM dtype (default fp16)")
     p.add_argument(
-        "--budget",
-        type=int,
+        "--max-evals",
+        type=count("propagation calls", high=10**9),
         default=None,
-        help="random: propagation calls (default: as many as greedy spends)",
+        metavar="N",
+        help="random: propagation calls (default: as many as greedy spends); dqn: propagation calls "
+        "(default 20000)",
     )
+    renamed(p, "--budget", "--max-evals", "max_evals", type=count("propagation calls", high=10**9))
     p.add_argument(
-        "--max-deterministic-time",
-        type=float,
+        "--det-time",
+        type=positive(float, "deterministic seconds"),
         default=10.0,
-        help="ilp: CP-SAT deterministic-time budget (default 10)",
+        metavar="DSEC",
+        help="ilp: CP-SAT deterministic seconds (default 10)",
     )
+    renamed(p, "--max-deterministic-time", "--det-time", "det_time",
+            type=positive(float, "deterministic seconds"))
     p.add_argument(
         "--reward",
         choices=("paper", "cost"),
