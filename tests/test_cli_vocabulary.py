@@ -144,7 +144,8 @@ OLD_SPELLINGS = [
      {"budget": 3}),
     (["partition", "bert-base", "--chiplets", "8"], "--chiplets is now --devices", "partition",
      {"chiplets": 8}),
-    (["partition", "bert-base", "--budget", "12"], "--budget is now --max-evals", "partition", {"budget": 12}),
+    (["partition", "bert-base", "--budget", "12"], "--budget is now --max-evals", "partition",
+     {"budget": 12}),
     (["pipeline", "bert-48", "--cluster", "B"], "--cluster is now --devices", "pipeline", {"cluster": "B"}),
     (["pipeline", "bert-48", "--devices", "16", "--algo", "rainbow", "--budget", "50"],
      "--budget is now --max-evals", "pipeline", {"budget": 50}),
@@ -250,8 +251,10 @@ def test_refusals_are_one_line(capsys, fakes, argv, match):
     (["place-ops", "txl-2", "--gpux", "h200"],
      "archplace place-ops: error: unrecognized arguments: --gpux h200 (did you mean --gpu?)"),
     (["place-ops", "txl-2", "--gpu", "h20"], "(did you mean h200?)"),
-    (["shard", "t5-base", "--devices", "8", "--max-eval", "3", "--det-tme", "2"], "(did you mean --det-time?)"),
-    (["partition", "bert-base", "--algo", "nope"], "archplace partition: error: argument --algo: invalid choice"),
+    (["shard", "t5-base", "--devices", "8", "--max-eval", "3", "--det-tme", "2"],
+     "(did you mean --det-time?)"),
+    (["partition", "bert-base", "--algo", "nope"],
+     "archplace partition: error: argument --algo: invalid choice"),
     (["shard", "t5-base"], "archplace shard: error: the following arguments are required: --devices"),
     (["plce", "bert-base"], "archplace: error: argument command: invalid choice: 'plce'"),
 ])
@@ -269,3 +272,32 @@ def test_place_ops_on_one_h200(capsys):
     code, res, err = run(capsys, "place-ops", "txl-2", "--gpu", "h200", "--devices", "1")
     assert code == 0 and err == ""
     assert res["machine"] == "h200" and res["devices"] == 1 and res["valid"] and res["budgets"] == {}
+
+
+# ---------------------------------------------------------------------- the page agrees with the parser
+def test_flags_page_names_flags_the_commands_have():
+    """Every row of docs/reference/flags.md's two flag tables: each command it names has at least one of
+    its flags (new spelling), and each old spelling exists on the commands it is listed for."""
+    import re
+    from pathlib import Path
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    flags = {c: {s for a in p._actions for s in a.option_strings} for c, p in sub.choices.items()}
+    page = (Path(__file__).resolve().parents[1] / "docs/reference/flags.md").read_text()
+    rows = [r.split(" | ") for r in page.splitlines()
+            if r.startswith("| ") and r.count(" | ") == 4 and not r.startswith(("| Concept", "| Budget"))]
+    assert len(rows) >= 14
+
+    def commands(text: str) -> set[str]:
+        return {w for w in re.findall(r"[a-z][a-z-]*", re.sub(r"`[^`]*`", "", text)) if w in flags}
+
+    for _, new, _, where, old in rows:
+        new_flags = set(re.findall(r"--[a-z-]+", new))
+        assert commands(where), where
+        for c in commands(where):
+            assert new_flags & flags[c], (c, new_flags)
+        for segment in old.split(";"):
+            for c in commands(segment):
+                for f in re.findall(r"--[a-z-]+", segment):
+                    assert f in flags[c], (c, f)
