@@ -41,9 +41,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# `mkdocs build --strict` into a temporary folder, removed afterwards (`make test` runs it first)
+# `mkdocs build --strict` into a temporary folder, removed afterwards (`make test` runs it first); its log
+# only when it fails (not --quiet: a quiet build never sees the warnings that --strict turns into errors)
 docs-check: $(STAMP)
-	@d=$$(mktemp -d) && $(BIN)/mkdocs build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; exit $$rc
+	@d=$$(mktemp -d) && log=$$($(BIN)/mkdocs build --strict --site-dir "$$d" 2>&1); rc=$$?; rm -rf "$$d"; \
+	if [ $$rc -ne 0 ]; then echo "$$log" | grep -v '^INFO'; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/platform/graph_capture.py

@@ -4,6 +4,8 @@ so they cannot drift from it.
 A page asks for generated text with a marker on a line of its own, ``<!-- gen:NAME ARGS -->``:
 
 * ``gen:cli``: every ``archplace`` subcommand's ``--help``, from ``archplace.cli.build_parser``;
+* ``gen:python-api``: mkdocstrings directives for every name of ``archplace.api.__all__``, a section per
+  module of the package (mkdocstrings renders them from the signatures and docstrings);
 * ``gen:http-api``: the service's routes and request/response schemas, from the FastAPI app's OpenAPI
   (``archplace.service.app.create_app`` over a throw-away SQLite file; nothing is served, no Ray);
 * ``gen:presets-accelerators``, ``-gpus``, ``-gpu-machines``, ``-clusters``, ``-models``, ``-gdp``,
@@ -53,6 +55,15 @@ def on_config(config, **_):
     if nav:
         config["nav"] = [_expand(item, Path(config["docs_dir"])) for item in nav]
     return config
+
+
+def on_post_build(config, **_):
+    """A build that never reached the HTTP reference leaves its OpenAPI process: end it."""
+    global _openapi_proc
+    proc, _openapi_proc = _openapi_proc, None
+    if proc is not None:
+        proc.kill()
+        proc.communicate()
 
 
 def on_files(files, config, **_):
