@@ -5,7 +5,8 @@ A page asks for generated text with a marker on a line of its own, ``<!-- gen:NA
 
 * ``gen:cli``: every ``archplace`` subcommand's ``--help``, from ``archplace.cli.build_parser``;
 * ``gen:python-api``: mkdocstrings directives for every name of ``archplace.api.__all__``, a section per
-  module of the package (mkdocstrings renders them from the signatures and docstrings);
+  module of the package (mkdocstrings renders them from the signatures and docstrings), and
+  ``gen:python-client`` the same for ``archplace.client``;
 * ``gen:http-api``: the service's routes and request/response schemas, from the FastAPI app's OpenAPI
   (``archplace.service.app.create_app`` over a throw-away SQLite file; nothing is served, no Ray);
 * ``gen:presets-accelerators``, ``-gpus``, ``-gpu-machines``, ``-clusters``, ``-models``, ``-gdp``,
@@ -344,6 +345,22 @@ def gen_python_api() -> str:
     return "\n".join(out) + "\n"
 
 
+def gen_python_client() -> str:
+    """The client's module docstring (its example), ``Client`` with its methods (its attributes are
+    the constructor's arguments, in the signature already) and ``ServiceError``."""
+    import inspect
+
+    from archplace.client import Client
+
+    methods = [n for n, _ in inspect.getmembers(Client, inspect.isfunction) if not n.startswith("_")]
+    methods.sort(key=lambda n: Client.__dict__[n].__code__.co_firstlineno if n in Client.__dict__ else 0)
+    return "\n".join(["::: archplace.client", "    options:", "      show_root_heading: false",
+                      "      show_root_toc_entry: false", "      members: false", "",
+                      "::: archplace.client.Client", "    options:", "      heading_level: 3",
+                      f"      members: [{', '.join(methods)}]", "",
+                      "::: archplace.client.ServiceError", "    options:", "      heading_level: 3", ""])
+
+
 def _api_modules() -> list[str]:
     import pkgutil
 
@@ -489,6 +506,7 @@ def gen_json_keys() -> str:
 GENERATORS = {
     "cli": gen_cli,
     "python-api": gen_python_api,
+    "python-client": gen_python_client,
     "http-api": gen_http_api,
     "presets-accelerators": gen_presets_accelerators,
     "presets-gpus": gen_presets_gpus,
