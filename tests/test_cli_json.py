@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -320,14 +321,26 @@ def test_search_and_report_json_are_unchanged(ray_session, tmp_path, capsys):
     out = tmp_path / "s"
     res = run_json(capsys, ["search", "bert-base", "--devices", "64", "--global-batch", "256",
                             "--microbatches", "1", "--hbm", "32", "--tmp-widths", "1",
-                            "--schedule", "sequential", "--max-archs", "2", "--workers", "1", "--out", str(out)])
+                            "--schedule", "sequential", "--max-archs", "2", "--workers", "1",
+                            "--out", str(out)])
     inv_search(res)
     check_golden("search", res, str(tmp_path))
     rep = run_json(capsys, ["report", str(out)])
     # the golden copy holds only the report's path: what the report says is checked against the search
-    text = Path(rep["report"]).read_text()
-    print(text)
+    inv_report(Path(rep["report"]).read_text(), res)
     check_golden("report", rep, str(tmp_path))
+
+
+def inv_report(text: str, res: dict) -> None:
+    """The report names the search's best architecture with its throughput and {p,d,t}, ranks as many
+    architectures as were evaluated, and its samples/s per mm² is throughput / area."""
+    best, common = res["per_model"]["bert-base"], res["common"]
+    tp = best["throughput"]
+    assert f"**{common['arch_label']}**, {tp:,.1f} samples/s on average" in text
+    assert f"{{{best['p']},{best['d']},{best['t']}}}" in text
+    ranked = [line for line in text.splitlines() if re.match(r"\|\s+\d+ \| \{", line)]
+    assert len(ranked) == res["evaluated"] and common["arch_label"] in ranked[0]
+    assert f"{tp:,.1f}" in ranked[0] and f"{tp / common['area_mm2']:.2f}" in ranked[0]
 
 
 def inv_search(res: dict) -> None:

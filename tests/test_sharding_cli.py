@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import pytest
-from test_cli_json import check_golden, run_json
+from test_cli_json import APPROX, check_golden, hf_params, run_json
 
 from archplace.cli import main
 
 
 def test_shard_t5_base_json_is_unchanged_and_no_worse_than_megatron(capsys):
     res = run_json(capsys, ["shard", "t5-base", "--devices", "8"])
+    # beside the golden copy, what holds whatever the numbers: transformers' own parameter count; the
+    # step is compute plus communication, and the communication is ring AllReduces (2 (d - 1) / d of
+    # the bytes each way) over the V100's 150 GB/s NVLink; a variable is partitioned or replicated (-1)
+    assert res["graph"]["parameters"] == hf_params("t5-base") == 222_903_552
+    assert res["step_s"] == pytest.approx(res["compute_s"] + res["comm_s"], **APPROX)
+    ar_bytes = sum(c["bytes"] for c in res["collectives"].values())
+    assert res["comm_s"] == pytest.approx(2 * 7 / 8 * ar_bytes / 150e9, **APPROX)
+    assert res["partitioned_variables"] == sum(v != -1 for v in res["strategy"].values())
+    assert len(res["strategy"]) == res["graph"]["decision_variables"]
+    assert res["fits"] == (res["memory_bytes"] <= 32 * 2**30)  # a V100-SXM2's 32 GiB
+    assert res["reference"]["speedup"] == pytest.approx(res["reference"]["step_s"] / res["step_s"], **APPROX)
     check_golden("shard", res)
     assert res["status"] == "optimal" and res["fits"]
     ref = res["reference"]
