@@ -40,6 +40,10 @@ def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, t
     survivors = [r for r in rows if r["iterations"] == 5]
     top = max(survivors, key=lambda r: r["last"])
     assert best["dqn"]["lr"] == pytest.approx(top["lr"]) and best["dqn"]["gamma"] == top["gamma"]
+    # the golden copy above holds only the keys (training is not bit-reproducible): the values are the
+    # sweep's own, read back from its trial table and YAML
+    assert (res["samples"], res["iterations"], res["scheduler"]) == (4, 5, "asha")
+    assert res["best_last"] == pytest.approx(top["last"]) and res["best_config"] == best
     assert (out / "report.md").read_text().startswith("# tune-rl pipeline (asha)")
 
     from archplace.algorithms.rl.placer_config import load_placer_config
