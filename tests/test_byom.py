@@ -313,7 +313,7 @@ def test_from_module_layer_stack_found_or_named():
      "hf-config '/nonexistent/config.json' does not exist"),
     (["graph"], "MODEL or --hf-config CONFIG.json is required"),
     (["graph", "bert-base", "--hf-config", "x.json"], "give MODEL or --hf-config, not both"),
-    (["search", "--budget", "1"], "give one or more MODELs or --hf-config CONFIG.json"),
+    (["search", "--max-archs", "1"], "give one or more MODELs or --hf-config CONFIG.json"),
 ])
 def test_cli_model_errors(argv, message, capsys):
     assert main(argv) == 2

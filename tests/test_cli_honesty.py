@@ -160,7 +160,7 @@ def test_place_infeasible_says_why(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--expert", "2,2"], "--expert must be p,d,t"),
-    (["--expert", "64,64,1"], "--expert 64,64,1 needs 4096 accelerators, more than --accelerators 1024"),
+    (["--expert", "64,64,1"], "--expert 64,64,1 needs 4096 accelerators, more than --devices 1024"),
     (["--expert", "2,4,1", "--fixed", "2,4,1"], "--fixed and --expert exclude each other"),
     (["--expert", "paper"], "--expert paper: the paper gives no expert placement for 'bert-base'"),
 ])

@@ -138,6 +138,6 @@ def test_bad_gdp_budget_is_one_line(algo, budget, tmp_path):
 
 def test_cli_gdp_budget_is_calls_and_bad_budget_names_the_flag(capsys):
     assert api.PlaceOpsRequest("txl-2", algo="gdp").budget_value == DEFAULT_BUDGET_CALLS == 2000
-    assert main(["place-ops", "txl-2", "--algo", "gdp", "--budget", "3"]) == 2
+    assert main(["place-ops", "txl-2", "--algo", "gdp", "--max-evals", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--budget" in err and "simulator calls" in err
+    assert len(err.splitlines()) == 1 and "--max-evals" in err and "simulator calls" in err

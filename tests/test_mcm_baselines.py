@@ -77,8 +77,9 @@ def test_partition_command_json(capsys):
     chips = np.array(list(res["assignment"].values()))
     assert chips.min() == 0 and chips.max() == res["chips_used"] - 1 < 36
     assert res["improvement"] >= 1.0 and res["throughput"] == pytest.approx(1 / max(res["chip_latency_s"]))
-    assert main(["partition", str(path), "--chiplets", "99"]) == 2
-    assert "--chiplets must be in [1, 64]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:   # refused while parsing, with the limit
+        main(["partition", str(path), "--devices", "99"])
+    assert e.value.code == 2 and "--devices: must be at most 64" in capsys.readouterr().err
 
 
 def test_partition_command_ppo(ray_session, capsys, tmp_path):

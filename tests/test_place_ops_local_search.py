@@ -164,9 +164,9 @@ def test_bad_budget_is_one_line(budget):
 
 
 def test_cli_bad_budget_names_the_flag(capsys):
-    assert main(["place-ops", "txl-2", "--algo", "lns", "--budget", "3"]) == 2
+    assert main(["place-ops", "txl-2", "--algo", "lns", "--max-evals", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--budget" in err and "simulator calls" in err
+    assert len(err.splitlines()) == 1 and "--max-evals" in err and "simulator calls" in err
 
 
 @pytest.mark.parametrize("algo", ["sa", "lns"])

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = SearchSettings(models=("bert-base",), num_devices=64, global_batch=256, microbatches=(1,),
                        hbm_gb=(32,), tmp_widths={"bert-base": (1, 2)})
-CLI_SMALL = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1",
+CLI_SMALL = ["bert-base", "--devices", "64", "--global-batch", "256", "--microbatches", "1",
              "--hbm", "32", "--tmp-widths", "1,2"]
 
 
@@ -244,11 +244,11 @@ def test_killed_driver_leaves_nothing_and_resume(ray_session, baseline, tmp_path
 
     out = tmp_path / "resume"
     before_actors = _alive_actors_of_other_jobs(ray_session)
-    proc = _start_driver(ray_session, out, "--budget", "3", "--workers", "1")
+    proc = _start_driver(ray_session, out, "--max-archs", "3", "--workers", "1")
     try:
         _wait_rows(proc, out, 1)
         # a second driver on the same --out is refused while the first one lives
-        assert main(["search", *CLI_SMALL, "--budget", "3", "--out", str(out), "--resume"]) == 2
+        assert main(["search", *CLI_SMALL, "--max-archs", "3", "--out", str(out), "--resume"]) == 2
         err = capsys.readouterr().err.strip()
         assert "is in use by another search" in err and len(err.splitlines()) == 1
         # a resume elsewhere (of a copy of the baseline, nothing left to do) leaves the live search alone
@@ -322,14 +322,17 @@ def test_embedded_ray_listens_on_loopback_only_and_runs_on_one_cpu(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["no-such-model"], "model 'no-such-model' unknown"),
-    (["bert-base", "--budget", "0"], "--budget must be a positive"),
+    (["bert-base", "--max-archs", "0"], "--max-archs: must be at least 1"),
     (["bert-base", "--searcher", "anneal"], "--searcher 'anneal' unknown"),
     (["bert-base", "--address", "127.0.0.1:1"], "cannot reach a Ray cluster"),
     (["bert-base", "--address", "nonsense"], "--address must be 'auto' or HOST:PORT"),
     (["bert-base", "--microbatches", "3", "--global-batch", "256"], "none of [3] divides"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, capsys):
-    rc = main(["search", *args, "--out", str(tmp_path / "o")])
+    try:
+        rc = main(["search", *args, "--out", str(tmp_path / "o")])
+    except SystemExit as e:  # refused while parsing (one line too)
+        rc = e.code
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1
 

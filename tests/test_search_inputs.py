@@ -14,8 +14,8 @@ import pytest
 from archplace.cli import main
 from archplace.platform.store import ResultStore
 
-TINY = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
-        "--schedule", "sequential", "--searcher", "grid", "--budget", "1"]
+TINY = ["bert-base", "--devices", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
+        "--schedule", "sequential", "--searcher", "grid", "--max-archs", "1"]
 
 
 @pytest.fixture

@@ -25,9 +25,9 @@ from archplace.platform.store import ResultStore
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-SEQ = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
+SEQ = ["bert-base", "--devices", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
        "--schedule", "sequential", "--searcher", "grid"]
-ILP = ["bert-base", "--accelerators", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
+ILP = ["bert-base", "--devices", "64", "--global-batch", "256", "--microbatches", "1", "--hbm", "32",
        "--tmp-widths", "1,2", "--searcher", "grid"]
 
 
@@ -70,11 +70,11 @@ def test_failure_after_ray_started_leaves_no_search_json(ray_session, tmp_path, 
     within ``--wait-timeout``; in the issue, ``--tmp-widths 3`` in the graph task) left it behind,
     and the corrected command was refused with "already holds a search; pass --resume"."""
     out = tmp_path / "o"
-    rc = main(["search", *SEQ, "--budget", "1", "--out", str(out), "--wait-timeout", "0.001"])
+    rc = main(["search", *SEQ, "--max-archs", "1", "--out", str(out), "--wait-timeout", "0.001"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "did not finish within 0 s" in err and len(err.splitlines()) == 1, err
     assert not (out / "search.json").exists() and not (out / "best.json").exists()
-    assert main(["search", *SEQ, "--budget", "1", "--out", str(out), "--json"]) == 0
+    assert main(["search", *SEQ, "--max-archs", "1", "--out", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evaluated"] == 1
 
 
@@ -87,7 +87,7 @@ def interrupted(ray_session, tmp_path_factory):
     """A search started as a user would (its own Ray), each architecture slowed to 2 s, sent SIGINT
     (to its process group, as a terminal's Ctrl-C is) once its first row is stored; then resumed."""
     out = tmp_path_factory.mktemp("ctrl-c") / "o"
-    proc = subprocess.Popen(_cli(*SEQ, "--budget", str(BUDGET), "--workers", "1", "--out", str(out)),
+    proc = subprocess.Popen(_cli(*SEQ, "--max-archs", str(BUDGET), "--workers", "1", "--out", str(out)),
                             cwd=REPO, env=_env(ARCHPLACE_FAULT_INJECT="slow:*:2"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -99,7 +99,7 @@ def interrupted(ray_session, tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     before = _stored(out)
-    resumed = main(["search", *SEQ, "--budget", str(BUDGET), "--out", str(out), "--resume", "--json"])
+    resumed = main(["search", *SEQ, "--max-archs", str(BUDGET), "--out", str(out), "--resume", "--json"])
     return {"out": out, "rc": proc.returncode, "stdout": stdout.decode(), "stderr": stderr.decode(),
             "before": before, "resumed_rc": resumed}
 
@@ -169,7 +169,7 @@ def test_slices_reach_the_schedule_cache_before_their_architecture_finishes(ray_
     holds slices, and the resume answers every one of them from the cache."""
     out = tmp_path / "o"
     gcs = ray_session.get_runtime_context().gcs_address
-    proc = subprocess.Popen(_cli(*ILP, "--budget", "1", "--out", str(out), "--address", gcs, "--json"),
+    proc = subprocess.Popen(_cli(*ILP, "--max-archs", "1", "--out", str(out), "--address", gcs, "--json"),
                             cwd=REPO, env=_env(auth=True, ARCHPLACE_FAULT_INJECT="slowdp:*:600"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     cache = out / "schedule_cache.jsonl"
@@ -253,7 +253,7 @@ def test_search_without_address_does_not_join_a_ray_start_cluster(ray_start_clus
     joined_gcs, cluster_nodes = json.loads(probe.stdout.strip().splitlines()[-1])
     assert joined_gcs.endswith(c["gcs"].rpartition(":")[2])
     out = tmp_path / "o"
-    run = subprocess.run(_cli(*SEQ, "--budget", "1", "--out", str(out), "--json"), cwd=REPO, env=c["env"],
+    run = subprocess.run(_cli(*SEQ, "--max-archs", "1", "--out", str(out), "--json"), cwd=REPO, env=c["env"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = pq.read_table(out / "evaluations.parquet").to_pylist()
@@ -267,7 +267,7 @@ def test_address_without_the_token_is_one_line(ray_start_cluster, tmp_path):
     to the terminal before the one-line error."""
     c = ray_start_cluster
     env = {k: v for k, v in c["env"].items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    run = subprocess.run(_cli(*SEQ, "--budget", "1", "--out", str(tmp_path / "o"), "--address", c["gcs"]),
+    run = subprocess.run(_cli(*SEQ, "--max-archs", "1", "--out", str(tmp_path / "o"), "--address", c["gcs"]),
                          cwd=REPO, env={**env, "HOME": str(tmp_path)},   # no ~/.ray/auth_token either
                          capture_output=True, text=True, timeout=600)
     err = run.stderr.strip()
