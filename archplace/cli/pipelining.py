@@ -143,8 +143,9 @@ def add_pipeline_parser(sub) -> None:
     pp.add_argument("--learners", type=int, default=0,
                     help="rainbow: remote learner actors (default 0: in this process)")
     add_op_model_args(pp, "fp16 (Auto-MAP's mixed precision)")
-    pp.add_argument("--gpu", default=None, choices=sorted(GPUS), metavar="NAME",
-                    help=gpu_help(GPUS, ": servers of --gpus-per-node of this GPU on its NVLink, its "
+    nvlink = sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)  # a server needs NVLink
+    pp.add_argument("--gpu", default=None, choices=nvlink, metavar="NAME",
+                    help=gpu_help(nvlink, ": servers of --gpus-per-node of this GPU on its NVLink, its "
                                         "InfiniBand between servers (default: Auto-MAP's V100 servers on "
                                         "25 Gbps)"))
     pp.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
