@@ -24,9 +24,12 @@ def cmd_place_ops(args) -> dict[str, Any]:
                               dtype=args.dtype, profile=args.profile)
     connect_if_needed(req, args.address)
     res = api.place_ops(req).to_dict()
-    unit = "timeout_s" if args.algo == "exact" else "max_evals" if args.algo in CALL_BUDGET_MIN else None
-    res[BUDGETS_KEY] = budgets(**{unit: int(req.budget_value) if unit == "max_evals" else req.budget_value}) \
-        if unit else {}
+    if args.algo == "exact":
+        res[BUDGETS_KEY] = budgets(timeout_s=req.budget_value)
+    elif args.algo in CALL_BUDGET_MIN:
+        res[BUDGETS_KEY] = budgets(max_evals=int(req.budget_value))
+    else:  # the fast placers take no budget
+        res[BUDGETS_KEY] = {}
     return res
 
 
