@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["ARCHPLACE_CACHE_DIR"] = ""
     if args.command == "serve":   # a long-running server (or its token commands), not a one-shot result
         try:
-            return serve.run(args)
+            with status.Status("serve", "checking the configuration", enabled=argv is None):
+                return serve.run(args)
         except (ValueError, OSError, TimeoutError) as e:
             print(f"archplace serve: error: {e}", file=sys.stderr)
             return 2

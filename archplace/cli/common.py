@@ -83,6 +83,35 @@ def float_list(text: str, name: str) -> tuple[float, ...]:
     return vals
 
 
+# the preset a request is checked against before its hf: config is read: it imports nothing heavy
+_STAND_IN = "bert-base"
+_MODEL_FIELDS = frozenset({"model", "models", "capture_blocks", "tp_from"})
+
+
+def check_before_model(req):
+    """Bad input said at once: a request for an ``hf:`` config (reading it imports torch and
+    transformers and builds the model: seconds) has its other fields checked first, by its own
+    ``validate()`` against a preset standing in for the model: with a valid model, what fails is
+    another field (an error naming a field about the model itself is left to the real check).
+    Returns ``req``."""
+    import dataclasses
+
+    from archplace import api
+
+    model = getattr(req, "model", None)
+    if not (isinstance(model, str) and model.startswith("hf:")):
+        return req
+    stand_in = dataclasses.replace(req, model=_STAND_IN)
+    if getattr(req, "tp_from", None) == "shard":
+        stand_in = dataclasses.replace(stand_in, tp_from="roles")
+    try:
+        stand_in.validate()
+    except api.InvalidRequest as e:
+        if not set(e.fields) & _MODEL_FIELDS:
+            raise
+    return req
+
+
 def connect_if_needed(req, address: str | None) -> None:
     """The API never starts Ray: for the algorithms that need it, check the request first (bad input
     fails before Ray starts), then start the embedded Ray or attach to ``--address``."""

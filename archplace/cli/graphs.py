@@ -8,9 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.cli import status
 from archplace.cli.common import OPTIMIZER_HELP, add_model_args, arch_label, fmt_bytes, fmt_flops, model_ref
 from archplace.cli.vocabulary import ARCH_HELP, add_devices, count, gpu_help
 from archplace.hardware.gpus import GPUS
+
+
+def _graph_written(args):
+    """The phase after a graph is built: writing it (--out), or nothing more to do."""
+    return f"writing {args.out}" if args.out else None
 
 
 def cmd_models(args) -> dict[str, Any]:
@@ -33,9 +39,12 @@ def print_models(res: dict[str, Any]) -> None:
 
 
 def cmd_graph(args) -> dict[str, Any]:
+    from archplace.cli.common import check_before_model
+
     req = api.GraphRequest(model_ref(args), seq=args.seq, mbs=args.mbs, tmp=args.tmp, out=args.out,
                            capture_blocks=args.capture_blocks)
-    return api.graph(req).to_dict()
+    return api.graph(check_before_model(req), progress=status.stages({"graph": _graph_written(args)})
+                     ).to_dict()
 
 
 def print_graph(res: dict[str, Any]) -> None:
@@ -64,6 +73,8 @@ _GPU_ONLY = ("dtype", "attention", "op_model", "profile", "global_batch")
 
 def cmd_estimate(args) -> dict[str, Any]:
     """``--arch``: per-op latency on an accelerator; ``--gpu``: one training step on one GPU."""
+    from archplace.cli.common import check_before_model
+
     if args.gpu is not None:
         if args.arch is not None:
             raise ValueError(f"give --arch (an accelerator) or --gpu (a GPU), not both (got {args.arch!r} "
@@ -75,7 +86,8 @@ def cmd_estimate(args) -> dict[str, Any]:
                                      op_model=args.op_model, profile=args.profile,
                                      capture_blocks=args.capture_blocks, optimizer=args.optimizer,
                                      global_batch=args.global_batch)
-        return api.estimate_gpu(req).to_dict()
+        return api.estimate_gpu(check_before_model(req),
+                                progress=status.stages({"graph": "estimating the training step"})).to_dict()
     if args.arch is None:
         raise ValueError("--arch ACCELERATOR or --gpu NAME is required")
     given = [f"--{f.replace('_', '-')}" for f in _GPU_ONLY if getattr(args, f) is not None]
@@ -84,7 +96,8 @@ def cmd_estimate(args) -> dict[str, Any]:
     req = api.EstimateRequest(model_ref(args), args.arch, mbs=args.mbs, tmp=args.tmp, seq=args.seq,
                               backend=args.backend or "analytical", optimizer=args.optimizer,
                               capture_blocks=args.capture_blocks)
-    return api.estimate(req).to_dict()
+    return api.estimate(check_before_model(req),
+                        progress=status.stages({"graph": "estimating the operators' latencies"})).to_dict()
 
 
 def _print_profiled(res: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.cli import status
 from archplace.cli.common import (
     NO_CONTENTION_HELP,
     add_ilp_budget_args,
@@ -33,7 +34,21 @@ def _parse_expert(text: str | None, model: str) -> tuple[int, int, int] | None:
     return EXPERT_STRATEGIES[model]
 
 
+def _layers_done(info: dict[str, Any]) -> str:
+    """The phase after a (microbatch, TMP width) case's layer schedules."""
+    i, n = info.get("case", 0), info.get("cases", 0)
+    if i >= n:
+        return "choosing the pipeline stages and parallelism (DP over the layers)"
+    return f"solving layer schedules: {i} of {n} (microbatch, TMP width) cases done"
+
+
+def _shard_done(info: dict[str, Any]) -> str:
+    return "solving layer schedules with the ILP sharding of each TP width"
+
+
 def cmd_place(args) -> dict[str, Any]:
+    from archplace.cli.common import check_before_model
+
     # without --hbm the accelerator's own (a preset is the chip it names), or 32/64/80 for a design
     req = api.PlaceRequest(model_ref(args), args.arch, accelerators=args.devices,
                            global_batch=args.global_batch, hbm_gb=(args.hbm,) if args.hbm else None,
@@ -44,7 +59,8 @@ def cmd_place(args) -> dict[str, Any]:
                            sync_model=args.sync_model, grad_reduce_dtype=args.grad_reduce_dtype,
                            capture_blocks=args.capture_blocks,
                            tp_from=args.tp_from)
-    res = api.place(req).to_dict()
+    stages = status.stages({"layers": _layers_done, "shard": _shard_done})
+    res = api.place(check_before_model(req), progress=stages).to_dict()
     res[BUDGETS_KEY] = {} if args.sequential else budgets(ilp_det_time_s=args.ilp_det_time,
                                                           ilp_timeout_s=args.ilp_timeout)
     return res

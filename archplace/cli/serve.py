@@ -69,8 +69,28 @@ def add_parser(sub) -> None:
     tok.add_argument("--db", dest="token_db", default=None)
 
 
+def check_db_folder(db: str | None) -> None:
+    """An explicit ``--db`` file must be in a folder that exists: the service creates the database
+    file, never the folders above it (a typo would otherwise leave a new tree anywhere). Said in one
+    line before anything is created or started; the default database's folder is created."""
+    if db is None:
+        return
+    text = str(db)
+    if "://" in text:
+        if not text.startswith("sqlite:///") or text == "sqlite:///:memory:":
+            return   # another database: its server says what is wrong
+        text = text[len("sqlite:///"):]
+    path = Path(text).expanduser()
+    parent = path.parent if path.parent != Path("") else Path(".")
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise ValueError(f"--db {db}: the folder {parent} {what}; create it first, or give a database in "
+                         "an existing folder (nothing was created)")
+
+
 def run(args) -> int:
     """Returns the exit status; errors are one line on stderr, as everywhere in the CLI."""
+    check_db_folder(getattr(args, "token_db", None) or args.db)
     from archplace.service.auth import create_token, revoke_tokens
     from archplace.service.db import make_engine
     from archplace.service.deployment import secure_db_file
@@ -93,8 +113,7 @@ def run(args) -> int:
 def serve_forever(args) -> int:
     import json
 
-    from ray import serve
-
+    from archplace.cli import status
     from archplace.platform.search import connect
     from archplace.service.deployment import ServeConfig, check_config, port_free, start, wait_port_free
 
@@ -115,6 +134,7 @@ def serve_forever(args) -> int:
     if not port_free(cfg.host, cfg.port):
         raise ValueError(f"--port {cfg.port} on {cfg.host} is in use")
     connect(args.address)
+    status.phase(f"starting the service on Ray Serve ({cfg.replicas} replica(s), port {cfg.port})")
     try:
         url = start(cfg)
     except Exception as e:  # Ray or Serve could not start it: one line, as every CLI error
@@ -122,6 +142,9 @@ def serve_forever(args) -> int:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise OSError(f"Ray Serve could not start the service: {type(e).__name__}: {first}") from None
+    started = status.active()
+    if started is not None:   # up: the status line gives way to the service's own lines
+        started.close()
     info = {"url": url, "docs": f"{url}/docs", "db": cfg.db, "auth": cfg.auth}
     if args.json:
         print(json.dumps(info), flush=True)
@@ -139,6 +162,8 @@ def serve_forever(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     print("shutting down", file=sys.stderr, flush=True)
+    from ray import serve
+
     serve.shutdown()
     # exit only once the proxy has let go of the port, so a restart on it can bind at once
     if not wait_port_free(cfg.host, cfg.port, timeout_s=30):

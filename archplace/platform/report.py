@@ -432,7 +432,21 @@ def _plot_times(path: Path, models: list[str], parts: dict[str, list[float]], so
 
 
 # ---------------------------------------------------------------------------------------------- sections
-def _header(s: _Search, out_dir: Path, note: str) -> list[str]:
+def _wall(seconds: float) -> str:
+    """``47.1 s``, or ``169.0 s (2.8 min)`` from two minutes: the summary's figure, as it prints it."""
+    return f"{seconds:.1f} s" + (f" ({seconds / 60:,.1f} min)" if seconds >= 120 else "")
+
+
+def _load_wall(path: Path) -> float | None:
+    """The wall time of the search's last run, from search.json (None for a search that predates it)."""
+    try:
+        wall = json.loads(path.read_text()).get("wall_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(wall) if isinstance(wall, (int, float)) and math.isfinite(wall) and wall >= 0 else None
+
+
+def _header(s: _Search, out_dir: Path, note: str, wall_s: float | None = None) -> list[str]:
     b = s.best
     rows = s.rows
     n_status = {k: sum(1 for a in s.archs.values() if a["status"] == k)
@@ -451,9 +465,15 @@ def _header(s: _Search, out_dir: Path, note: str) -> list[str]:
              f"{r_status['infeasible']} infeasible / {r_status['failed']} failed"]
     hosts = {str(r["hostname"] or r["node_id"]) for r in rows if r["hostname"] or r["node_id"]}
     times = [r["finished_at"] for r in rows if math.isfinite(r["finished_at"])]
-    if hosts or len(times) > 1:
-        span = f" over {(max(times) - min(times)) / 60:,.1f} min" if len(times) > 1 else ""
-        lines.append(f"- **Ran on:** {len(hosts) or DASH} host(s){span}")
+    span = max(times) - min(times) if len(times) > 1 else 0.0
+    if hosts or span > 0:
+        # the evaluations' own span only where the run's wall time is not recorded (an older search),
+        # and never a zero one: one architecture finishes at one time
+        lines.append(f"- **Ran on:** {len(hosts) or DASH} host(s)"
+                     + (f", evaluations finishing over {_wall(span)}" if span > 0 and wall_s is None else ""))
+    if wall_s is not None:
+        lines.append(f"- **Wall time:** {_wall(wall_s)} — the last run, from the command's start (Ray's "
+                     "start-up, the model graphs, the evaluations, the result files)")
     lines.append("")
     lines.append("An architecture is *infeasible* when no placement fits in memory for some model, "
                  "*failed* when an evaluation raised.")
@@ -672,7 +692,8 @@ def write_report(out_dir: str | Path) -> Path:
 
     pareto_lines, _ = _pareto_section(s, plots)
     time_lines, _ = _time_section(s, plots)
-    sections = [_header(s, out, note), _best_section(s), _reference_section(s), pareto_lines, time_lines,
+    header = _header(s, out, note, _load_wall(out / "search.json"))
+    sections = [header, _best_section(s), _reference_section(s), pareto_lines, time_lines,
                 _failures_section(s), _top_section(s)]
     text = "\n\n".join("\n".join(sec) for sec in sections) + "\n"
     path = out / "report.md"

@@ -34,7 +34,10 @@ from .lock import OutDirLock
 from .schedule_cache import ScheduleCacheFile
 from .settings import SearchSettings
 from .store import ResultStore
-from .trial import FAULT_ENV, METRIC, SCHEDULES
+
+# trial.SCHEDULES; trial (the Tune trainable) imports Ray and the solvers, seconds that an input error
+# should not wait for, so it is imported where the search runs
+SCHEDULES = ("ilp", "sequential")
 
 # A trial only submits tasks and waits, so it reserves memory (its process) and no CPU: the tasks take
 # whole CPUs, and even 0.01 CPU per trial would leave a node 0.99 CPU short of its last task (on a
@@ -47,7 +50,10 @@ SEARCHERS = ("phaze", "optuna", "random", "grid", "screen")   # screen: platform
 # ---------------------------------------------------------------------- validation
 def validate(settings: SearchSettings, searcher: str, budget: int, workers: int | None,
              archs_per_trial: int = 1) -> None:
-    """Every input check that needs no Ray, with one-line errors naming the field."""
+    """Every input check that needs no Ray, with one-line errors naming the field: first those that
+    need no model (names, numbers, the space), then those that read one (an ``hf:`` config imports
+    transformers and builds the model on the meta device: seconds), so that a wrong flag is said at
+    once."""
     from ..hardware.space import enumerate_space
     from ..workloads.byom import is_hf_ref
     from ..workloads.models import PRESETS, preset
@@ -58,7 +64,6 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
         if not is_hf_ref(m) and m not in PRESETS:
             raise ValueError(f"model {m!r} unknown; allowed: {sorted(PRESETS)}, or a transformers config "
                              "(--hf-config)")
-        preset(m)  # an hf: config is read and checked here, before Ray starts
     if len(set(settings.models)) != len(settings.models):
         raise ValueError(f"models: {list(settings.models)} lists a model twice")
     if searcher not in SEARCHERS:
@@ -87,11 +92,12 @@ def validate(settings: SearchSettings, searcher: str, budget: int, workers: int 
         raise ValueError(f"--ilp-time-limit must be > 0, got {settings.ilp_time_limit_s}")
     if not settings.ilp_budget > 0:
         raise ValueError(f"--ilp-budget must be > 0 deterministic seconds, got {settings.ilp_budget}")
+    enumerate_space(settings.space)  # raises for an empty space
     for m in settings.models:
-        _check_widths(m, settings.tmp_widths.get(m, ()))
+        _check_widths(m, settings.tmp_widths.get(m, ()))   # powers of two first, then the heads
+        preset(m)  # an hf: config is read and checked here, before Ray starts
         if not settings.widths(m):
             raise ValueError(f"model {m!r}: no TMP width fits in {settings.num_devices} accelerators")
-    enumerate_space(settings.space)  # raises for an empty space
 
 
 def _check_widths(model: str, widths: tuple[int, ...]) -> None:
@@ -142,17 +148,14 @@ def check_paths(out: Path, schedule_cache: str | Path | None) -> None:
 def connect(address: str | None, num_cpus: int | None = None) -> None:
     """Start the embedded Ray, or attach to the cluster at ``address`` ("auto" or HOST:PORT).
     An unreachable address is a one-line ValueError, not a hang or a traceback."""
+    check_address(address)
+    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
+        _status.info("starting Ray (a local instance of this command's own)" if address is None else
+                     f"attaching to the Ray cluster at {address}"
+                     + (" (the one RAY_ADDRESS or a `ray start` on this machine names)" if address == "auto"
+                        else ""))
     import ray
 
-    if address is not None and address != "auto":
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"--address must be 'auto' or HOST:PORT, got {address!r}")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as e:
-            raise ValueError(f"--address {address}: cannot reach a Ray cluster there ({e.strerror or e})"
-                             ) from None
     if ray.is_initialized():
         return
     kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
@@ -172,6 +175,7 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
     if error is None:
         if said.strip():   # what a successful attach said (warnings), as Ray would have said it
             sys.stderr.write(said)
+        _say_cluster(ray)
         return
     msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if "InvalidAuthToken" in said or "Unauthenticated" in said:
@@ -181,6 +185,38 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
     raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
                      "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
                      ) from None
+
+
+def check_address(address: str | None) -> None:
+    """``--address``: "auto", or HOST:PORT where something listens (a one-line ValueError otherwise,
+    in at most 5 s, before anything is created or started)."""
+    if address is None or address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address must be 'auto' or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: cannot reach a Ray cluster there ({e.strerror or e})"
+                         ) from None
+
+
+def _say_cluster(ray) -> None:
+    """The cluster this driver joined, as a note that stays on screen: its address, CPUs and nodes,
+    and whether they are busy (then the search waits for them, and says so)."""
+    try:
+        where = ray.get_runtime_context().gcs_address
+        total, free = ray.cluster_resources(), ray.available_resources()
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    except Exception:  # noqa: BLE001 - a note must not fail the attach
+        return
+    cpus, idle = float(total.get("CPU", 0.0)), float(free.get("CPU", 0.0))
+    _status.warning(f"joined the Ray cluster at {where}: {cpus:g} CPUs on {nodes} node(s), {idle:g} free")
+    if cpus < 1:
+        _status.info("waiting for the cluster's first CPU (a node to join, or the autoscaler)")
+    elif idle < 1:
+        _status.info(f"waiting: all {cpus:g} CPUs of the cluster are busy with other work")
 
 
 class _Captured:
@@ -220,37 +256,111 @@ def _loopback_only() -> None:
 
 
 # ---------------------------------------------------------------------- progress
+# Phases are named on this logger (an INFO record each; a WARNING is a note that stays on screen):
+# the command line prints them on stderr (archplace/cli/status.py), a library caller's logging decides.
+_status = logging.getLogger("archplace.status")
+
+# The run's clock: epoch seconds the run started. The command line sets its process start
+# (set_run_start), so the progress line, the summary's wall time and report.md count from the moment the
+# user pressed enter; None: each run counts from its own call.
+_RUN_START: float | None = None
+
+
+def set_run_start(epoch_s: float | None) -> None:
+    """The start of the run every elapsed time counts from (None: each run's own call)."""
+    global _RUN_START
+    _RUN_START = epoch_s
+
+
+def run_start() -> float:
+    return _RUN_START if _RUN_START is not None else time.time()
+
+
+# an ETA only once it means something: this many units done, and this share of them
+ETA_MIN_DONE, ETA_MIN_FRACTION = 2, 0.10
+
+
 class _Progress:
-    def __init__(self, total: int, stream=None) -> None:
+    """The per-architecture progress line on stderr. The elapsed time counts from the run's start
+    (``start``, the command's process start from the CLI); the rate for the ETA from this line's own
+    start (the evaluations, not Ray's start-up), and an ETA is shown only after ``ETA_MIN_DONE``
+    units and ``ETA_MIN_FRACTION`` of them. On a terminal the line is redrawn every ``tick_s`` seconds
+    even when nothing finished (the clock moves); elsewhere one line per finished unit."""
+
+    def __init__(self, total: int, stream=None, start: float | None = None, unit: str = "architectures",
+                 tick_s: float = 5.0) -> None:
         self.total, self.done, self.failed = total, 0, 0
-        self.t0 = time.monotonic()
+        self.start = run_start() if start is None else start
+        self.t_eval = time.time()
         self.best = 0.0
+        self.unit = unit
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._lock = threading.Lock()
+        self._drawn = False
+        self._stop = threading.Event()
+        self._ticker = None
+        if self.tty:
+            self._ticker = threading.Thread(target=self._tick, args=(tick_s,), daemon=True,
+                                            name="archplace-progress")
+            self._ticker.start()
 
-    def update(self, value: float | None, failed: bool = False) -> None:
-        self.done += 1
-        self.failed += failed
-        if value is not None:
-            self.best = max(self.best, value)
-        el = time.monotonic() - self.t0
-        eta = el / self.done * (self.total - self.done)
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def line(self) -> str:
         width = 24
         fill = int(width * self.done / max(self.total, 1))
-        line = (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} architectures  "
-                f"elapsed {_hms(el)}  ETA {_hms(eta)}  best avg {self.best:,.1f} samples/s"
+        eta = ""
+        if ETA_MIN_DONE <= self.done < self.total and self.done >= ETA_MIN_FRACTION * self.total:
+            rate = (time.time() - self.t_eval) / self.done
+            eta = f"  ETA {_hms(rate * (self.total - self.done))}"
+        best = f"  best avg {self.best:,.1f} samples/s" if self.done else ""
+        return (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {self.unit}  "
+                f"elapsed {_hms(self.elapsed())}{eta}{best}"
                 + (f"  failed {self.failed}" if self.failed else ""))
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        self.stream.flush()
+
+    def _draw(self) -> None:
+        try:
+            self.stream.write(("\r" + self.line() + "\x1b[K") if self.tty else self.line() + "\n")
+            self.stream.flush()
+            self._drawn = True
+        except (OSError, ValueError):   # stderr went away: the search goes on without its line
+            self._stop.set()
+
+    def _tick(self, tick_s: float) -> None:
+        self._draw_locked()
+        while not self._stop.wait(tick_s):
+            self._draw_locked()
+
+    def _draw_locked(self) -> None:
+        with self._lock:
+            if not self._stop.is_set():
+                self._draw()
+
+    def update(self, value: float | None, failed: bool = False) -> None:
+        with self._lock:
+            self.done += 1
+            self.failed += failed
+            if value is not None:
+                self.best = max(self.best, value)
+            self._draw()
 
     def close(self) -> None:
-        if self.tty and self.done:
-            self.stream.write("\n")
-            self.stream.flush()
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=1.0)
+        with self._lock:
+            if self.tty and self._drawn:
+                try:
+                    self.stream.write("\n")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
 
 
 def _hms(s: float) -> str:
-    s = int(round(s))
+    s = int(round(max(s, 0.0)))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
@@ -474,6 +584,7 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
     ``cancel.set()`` stops the search after the trials in flight (what finished is kept, and a
     ``--resume`` continues it); the result's ``stats.cancelled`` says so.
     """
+    started = run_start()
     validate(settings, searcher, budget, workers, archs_per_trial)
     if searcher == "screen":   # two phases of plain Ray tasks, not a Tune experiment (api.search routes it)
         raise ValueError("searcher 'screen' runs through archplace.platform.screen.run_screen")
@@ -482,6 +593,8 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                          "pass --resume too")
     out = Path(out_dir).resolve()
     check_paths(out, schedule_cache)
+    check_address(address)   # an unreachable cluster is an error before --out is created
+    created = not out.exists()
     lock = OutDirLock(out).acquire()
     store = ResultStore(out)
     fresh = not store.holds_search()
@@ -491,16 +604,39 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                            area_bucket_mm2=area_bucket_mm2, max_failures=max_failures,
                            archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
                            wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
-                           report=report, on_evaluated=on_evaluated, cancel=cancel)
+                           report=report, on_evaluated=on_evaluated, cancel=cancel, started=started)
     except BaseException:
         # a new search that stored nothing (bad input found late, Ray failing, Ctrl-C while starting)
         # leaves no search.json behind: it made the corrected command fail with "already holds a
         # search" (issue 29)
         if fresh:
             store.discard_if_empty()
+            if created and not len(store):
+                lock.release()
+                remove_created(out, schedule_cache)
         raise
     finally:
         lock.release()
+
+
+def remove_created(out: Path, schedule_cache: str | Path | None = None) -> None:
+    """A failed start leaves no --out behind: the folder this run created, and only what the run
+    itself puts there (the lock, Tune's experiment folder, an empty schedule cache, the store's
+    empty files), is removed; anything else found in it keeps it."""
+    import shutil
+
+    ours = {".lock", "tune", "schedule_cache.jsonl", "search.json", "best.json", "evaluations.parquet",
+            "plots", "report.md"}
+    try:
+        names = {p.name for p in out.iterdir()}
+    except OSError:
+        return
+    cache = out / "schedule_cache.jsonl"
+    if schedule_cache is None and cache.exists() and cache.stat().st_size:
+        return   # slices were solved: worth keeping for the next try
+    if names - ours - {n for n in names if n.startswith(("evaluations", "."))}:
+        return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, budget: int,
@@ -508,8 +644,9 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
                 hysteresis: int, area_bucket_mm2: float, max_failures: int, archs_per_trial: int,
                 schedule_cache: str | Path | None, wait_timeout_s: float, task_timeout_s: float,
                 progress: bool, report: bool, on_evaluated: Callable[[dict[str, Any]], None] | None = None,
-                cancel: threading.Event | None = None) -> dict[str, Any]:
+                cancel: threading.Event | None = None, started: float | None = None) -> dict[str, Any]:
     out = store.dir
+    started = time.time() if started is None else started
     meta_new = {"settings": settings.to_dict(), "searcher": searcher, "seed": seed, "hysteresis": hysteresis,
                 "area_bucket_mm2": area_bucket_mm2, "models": list(settings.models),
                 "num_devices": settings.num_devices, "global_batch": settings.global_batch}
@@ -537,6 +674,12 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     kept = {k: e for k, e in finished.items() if not (retry_failed and e["failed"])}
     remaining = budget - len(kept)
 
+    cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
+    # read before Ray starts, so an unreadable file is an error before any start-up cost
+    cache = cache_file.load() if settings.schedule == "ilp" and remaining > 0 else {}
+    if remaining > 0:   # a resume with nothing left to do needs no Ray
+        connect(address, num_cpus=None)   # names the phase before Ray's own import (seconds)
+
     import ray
     from ray import tune
 
@@ -544,30 +687,30 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     from ..hardware.space import enumerate_space
     from .limiter import AdaptiveLimiter, pruning_cap
     from .tasks import build_graph_task, get, wait_for_cpus
-    from .trial import search_trainable
+    from .trial import FAULT_ENV, METRIC, search_trainable
 
     # our progress line replaces Tune's tables; failed trials are recorded with their error, so
     # Tune's own tracebacks stay in its logs (DIR/tune) rather than on the terminal
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
-    cache_file = ScheduleCacheFile(schedule_cache or out / "schedule_cache.jsonl")
-    # read before Ray starts, so an unreadable file is an error before any start-up cost
-    cache = cache_file.load() if settings.schedule == "ilp" and remaining > 0 else {}
-    if remaining > 0:   # a resume with nothing left to do needs no Ray
-        connect(address, num_cpus=None)
-    meta = {**meta_new, "budget": budget, "started_at": time.time(), "archs_per_trial": archs_per_trial}
+    meta = {**meta_new, "budget": budget, "started_at": started, "archs_per_trial": archs_per_trial}
     store.write_meta(meta)
-    t0 = time.perf_counter()
     stats: dict[str, Any] = {"resumed": len(kept), "retried": len(retry), "new_trials": 0}
     if remaining > 0:
+        if float(ray.cluster_resources().get("CPU", 0.0)) < 1:
+            _status.info(f"waiting for the cluster's first CPU (at most --wait-timeout {wait_timeout_s:g} s)")
         wait_for_cpus(wait_timeout_s)
         space = enumerate_space(settings.space)
         stats["cache_loaded"] = len(cache)
         if cache_file.note:
             stats["cache_note"] = cache_file.note
         # every graph traced once per search, shared by all trials through the object store
+        keys = settings.graph_keys()
+        names = sorted({_model_label(k[0]) for k in keys})
+        _status.info(f"capturing the graphs of {', '.join(names)} ({len(keys)} graph(s): a cached one is "
+                     "read in seconds, a first capture takes a minute or more)")
         graphs = {k: build_graph_task.remote(k[0], settings.seq, k[1], k[2], settings.capture_blocks)
-                  for k in settings.graph_keys()}
+                  for k in keys}
         get(list(graphs.values()), f"building {len(graphs)} model graph(s)", wait_timeout_s)
         alg = make_searcher(searcher, settings.space, seed=seed, hysteresis=hysteresis,
                             area_bucket_mm2=area_bucket_mm2, archs_per_trial=archs_per_trial,
@@ -588,7 +731,10 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
         interrupted = threading.Event()   # Ctrl-C: set by _sigint_stops, read by the stopper
         stop_when = _Either(cancel, interrupted)
         limiter = AdaptiveLimiter(alg, capacity)
-        prog = _Progress(remaining) if progress else None
+        _status.info(f"evaluating {remaining} architecture(s)"
+                     + (f", {archs_per_trial} per trial" if archs_per_trial > 1 else "")
+                     + f", up to {capacity()} trial(s) in flight", extra={"handover": bool(progress)})
+        prog = _Progress(remaining, start=started) if progress else None
         sink = _StoreSink(store, meta, prog, alg, cache_file, space, on_evaluated)
         callback = _store_callback(sink)
         trainable = tune.with_resources(
@@ -632,12 +778,17 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
                                            else 0.0),
                 "cross_trial_hits": c["cache_hits"], "solved": c["solved"],
                 "cross_trial_hit_rate": c["cache_hits"] / c["unique"] if c["unique"] else 0.0}
+            _status.info(f"writing {out / 'evaluations.parquet'}")
             best = store.close(meta)
         if interrupted.is_set():
             raise SearchInterrupted(f"interrupted after {len(store)} rows; resume with --resume")
     else:
+        _status.info(f"writing {out / 'evaluations.parquet'}")
         best = store.close(meta)
-    stats["wall_s"] = time.perf_counter() - t0
+    # one clock: the summary's wall time, the progress line's elapsed and report.md's wall time all count
+    # from the run's start (the command's process start from the CLI), and report.md reads this one
+    stats["wall_s"] = time.time() - started
+    store.write_meta({**meta, "wall_s": stats["wall_s"]})
     if settings.schedule == "ilp":
         from .store import ilp_overall
 
@@ -653,8 +804,17 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     if report and len(store):
         from .report import write_report
 
+        _status.info(f"writing {out / 'report.md'}")
         write_report(out)
     return {**best, "out_dir": str(out), "stats": stats}
+
+
+def _model_label(ref: str) -> str:
+    """A model's name for people: the preset, or the config file of an ``hf:`` reference."""
+    if ref.startswith("hf:"):
+        path = ref[3:].split("?", 1)[0]
+        return f"{Path(path).parent.name}/{Path(path).name}" if Path(path).parent.name else Path(path).name
+    return ref
 
 
 def _py(v: Any) -> Any:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import sys
@@ -51,6 +52,7 @@ _MAGIC = b"archplace-graph\n"
 _DIGEST_BYTES = 32
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _code_version: str | None = None
+_status = logging.getLogger("archplace.status")   # phases (the CLI prints them: cli/status.py)
 
 
 class CacheWarning(RuntimeWarning):
@@ -170,11 +172,22 @@ def cached_graph(kind: str, identity: dict[str, Any], build: Callable[[], OpGrap
     """``build()``'s graph, read from the cache when an entry for (``kind``, ``identity``, code
     version) exists, else built and stored. Errors of ``build`` propagate and nothing is stored."""
     folder = cache_dir()
+    what = _label(identity)
     if folder is None:
+        _status.info(f"capturing the graph of {what} (the graph cache is off)")
         return build()
     key = entry_key(kind, identity)
     graph = load(key, folder)
     if graph is None:
+        _status.info(f"capturing the graph of {what} (first time: not in the graph cache yet)")
         graph = build()
         store(key, graph, folder)
+    else:
+        _status.info(f"read the cached graph of {what}")
     return graph
+
+
+def _label(identity: dict[str, Any]) -> str:
+    """The model's name for people: the preset, or the file name of an ``hf:`` reference."""
+    name = str(identity.get("name", "the model"))
+    return Path(name[3:].split("?", 1)[0]).name if name.startswith("hf:") else name

@@ -12,6 +12,8 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,28 @@ _TMP_CANDIDATES = (1, 2, 4, 8)
 _DEFAULT_MAX_SEQ = 2048  # default sequence: the config's maximum positions, at most this
 _DROP_KEYS = ("model_type", "architectures", "transformers_version", "attn_implementation",
               "_attn_implementation", "experts_implementation", "auto_map")
+# What a config file leaves out, transformers fills with its class's defaults (a GPT-2's 12 heads for a
+# model of 64): the fields a model's size and cost cannot be guessed without are refused when missing,
+# the others listed in one note. Each: the standard name, then other spellings families use (a class's
+# own spelling comes from its attribute_map). A field the class does not have (a Mamba's heads) is not
+# asked for.
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("d_model", "n_embd", "n_embed", "dim", "embed_dim", "hidden_dim", "model_dim", "width"),
+    "num_attention_heads": ("n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                            "decoder_attention_heads", "n_attention_heads"),
+    "num_hidden_layers": _DEPTH_KEYS + ("n_layers", "num_decoder_layers"),
+}
+DEFAULTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "num_key_value_heads": ("num_kv_heads", "n_head_kv", "multi_query", "num_key_value_groups"),
+    "intermediate_size": ("n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "encoder_ffn_dim",
+                          "decoder_ffn_dim", "intermediate_dim", "mlp_dim"),
+    "vocab_size": ("padded_vocab_size",),
+    "max_position_embeddings": ("n_positions", "n_ctx", "max_seq_len", "seq_length", "context_length",
+                                "max_sequence_length"),
+    "num_local_experts": ("num_experts", "n_routed_experts", "moe_num_experts"),
+    "num_experts_per_tok": ("moe_top_k", "top_k", "num_experts_per_token"),
+}
+_status = logging.getLogger("archplace.status")   # phases and notes (the CLI prints them: cli/status.py)
 
 
 # ---------------------------------------------------------------------- references
@@ -116,6 +140,35 @@ def make_config(d: Mapping[str, Any], cls: type, **overrides: Any):
     except Exception as e:  # noqa: BLE001 - TypeError, ValueError, a strict dataclass's validation error
         raise ValueError(f"hf-config does not make a {cls.config_class.__name__}: "
                          f"{' '.join(str(e).split())[:300]}") from None
+
+
+def _given(d: Mapping[str, Any], std: str, aliases: tuple[str, ...], amap: Mapping[str, str]) -> bool:
+    return any(k in d for k in (std, amap.get(std, std), *aliases))
+
+
+def check_fields(d: Mapping[str, Any], cls: type, cfg, name: str = "config.json") -> list[str]:
+    """The fields of :data:`REQUIRED_FIELDS` that the class has and ``d`` lacks are a one-line
+    ValueError; those of :data:`DEFAULTED_FIELDS` it lacks are returned as ``field=value`` (the value
+    transformers took: its default, or what the class derives from the other fields)."""
+    amap = getattr(cls.config_class, "attribute_map", None) or {}
+
+    def has(std: str) -> bool:
+        try:
+            return getattr(cfg, std, None) is not None
+        except Exception:  # noqa: BLE001 - a property that raises on a partial config: not asked for
+            return False
+
+    missing = [std for std, aliases in REQUIRED_FIELDS.items()
+               if has(std) and not _given(d, std, aliases, amap)]
+    if missing:
+        spelled = [f"{std} ({amap[std]})" if amap.get(std, std) != std else std for std in missing]
+        defaults = ", ".join(f"{getattr(cfg, std)}" for std in missing)
+        it = "it" if len(missing) == 1 else "them"
+        raise ValueError(f"hf-config {name} lacks {', '.join(spelled)}: {cls.__name__}'s size cannot be "
+                         f"known without {it} (transformers would take its default"
+                         f"{'s' if len(missing) > 1 else ''}, {defaults}, silently); add {it} to the file")
+    return [f"{std}={getattr(cfg, std)}" for std, aliases in DEFAULTED_FIELDS.items()
+            if has(std) and not _given(d, std, aliases, amap)]
 
 
 def build_meta_model(cls: type, config):
@@ -280,6 +333,9 @@ def hf_model(ref: str) -> HfModel:
 
 @functools.lru_cache(maxsize=32)
 def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
+    name = Path(path).name
+    _status.info(f"reading {name}" + ("" if "transformers" in sys.modules else
+                                      " (importing torch and transformers)"))
     import transformers
 
     from .tp_roles import TP_ROLES
@@ -287,6 +343,13 @@ def _hf_model(ref: str, path: str, allow: bool, fingerprint: str) -> HfModel:
     d = read_config_file(Path(path))
     cls = resolve_model_class(d)
     cfg = make_config(d, cls)
+    defaulted = check_fields(d, cls, cfg, name)
+    if defaulted:   # one line, once per file and process (this cache)
+        fields = [f.split("=", 1) for f in defaulted]
+        _status.warning(f"note: {name} lacks {', '.join(k for k, _ in fields)}"
+                        f"{',' if len(fields) == 1 else ';'} using "
+                        f"{', '.join(v for _, v in fields)} (transformers' "
+                        f"default{'s' if len(fields) > 1 else ''})")
     model = build_meta_model(cls, cfg)
     main_input = getattr(model, "main_input_name", "input_ids")
     if main_input not in ("input_ids", "pixel_values"):
