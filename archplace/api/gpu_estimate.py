@@ -5,7 +5,7 @@ searched; this one times them on a real GPU under an op model (``simulators/gpu_
 calibrated on micro-benchmarks, or profiled) and with attention run eagerly (as captured) or fused
 (``sdpa``: FlashAttention's IO-aware traffic, ``workloads/attention_fusion.py``).
 
-The step is a whole training step (issue 44): ``global_batch / mbs`` micro-batches of forward + backward
+The step is a whole training step: ``global_batch / mbs`` micro-batches of forward + backward
 (gradient accumulation, one after another), then one optimizer update, memory-bound
 (``simulators/gpu_step.py``). The op model defaults to ``calibrated`` on every GPU preset: measured on the
 H200, scaled by peak ratios elsewhere (the note says which); the roofline, on request, carries its

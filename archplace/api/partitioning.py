@@ -137,7 +137,7 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
     Before any search the memory lower bound (``mcm.memory_lower_bound``: the largest op's own footprint,
     the weights spread evenly) is compared with the chiplet SRAM: above it no partition can fit, and the
     result says so at once (``status`` "infeasible", the bound in ``reason``). Otherwise every algorithm
-    searches memory-aware (the greedy cuts and the repairs move ops off chips over SRAM, issue 44); a
+    searches memory-aware (the greedy cuts and the repairs move ops off chips over SRAM); a
     search that still finds no partition that fits ends ``status`` "invalid"."""
     from ..algorithms.search.mcm_baselines import greedy, random_search, simulated_annealing
     from ..algorithms.solvers.mcm_repair import MCMRepairer

@@ -231,7 +231,7 @@ def pipeline(req: PipelineRequest, *, progress: ProgressFn | None = None,
     steps.stage("optimum", length_s=opt.length_s, evaluated=opt.evaluated)
     space = {"space": "all contiguous cut sets (unpruned)" if req.algo == "dp"
              else f"pruned candidates (radius {req.radius})"}
-    # Every algo reports what it spent in cost-model evaluations (issue 31): ``simulator_calls`` counts
+    # Every algo reports what it spent in cost-model evaluations: ``simulator_calls`` counts
     # complete plans scored by the simulator plus, for the agents, the feature rows (one per open pivot
     # per step, the lookahead estimate); dp_states are the DP's per-stage costs, reported apart.
     if req.algo == "dp":
