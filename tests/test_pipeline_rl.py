@@ -161,16 +161,22 @@ def test_synthetic_env_keeps_one_space_across_profiles():
 
 def test_short_seeded_dqn_beats_random_cuts(ray_session):
     """A short seeded DQN run's greedy plan beats the mean random plan, and its best plan is no worse
-    than the best of as many random plans as it evaluated."""
+    than the best of as many random plans as it evaluated. Control: the same search, seed and steps
+    with learning off (the seeded initial Q-network throughout): its greedy plan is worse than the mean
+    random plan, so what beats random is the learning."""
     from archplace.algorithms.rl.pipeline_dqn import dqn_search
 
     env = _env()
-    res = dqn_search(bert_profile(), v100_cluster("B"), 3, budget_steps=800, seed=0,
-                     dqn={"num_steps_sampled_before_learning_starts": 100})
+    kw = dict(budget_steps=800, seed=0, dqn={"num_steps_sampled_before_learning_starts": 100})
+    res = dqn_search(bert_profile(), v100_cluster("B"), 3, **kw)
+    off = dqn_search(bert_profile(), v100_cluster("B"), 3, learning=False, **kw)
     rand = env.random_plan_lengths(res.plans, seed=0)
-    assert res.env_steps >= 800
+    assert res.env_steps >= 800 and off.env_steps >= 800 and not off.learning
     assert res.greedy_length_s < np.mean(rand)
     assert res.best_length_s <= np.min(rand) * 1.001
+    # measured (seed 0, 416 plans): greedy 37.3 ms learning, 230.5 ms control, random mean 165.6 ms;
+    # best 37.3 ms learning, 69.5 ms control, random best 37.3 ms
+    assert res.greedy_length_s < 0.5 * off.greedy_length_s and res.best_length_s < off.best_length_s
     opt = solve_exact(env.profile, env.cluster, env.cand)
     assert res.best_length_s >= opt.length_s - 1e-12
 
