@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def gv():
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "bench" / "gpu" / "gpu_validation.py")
+    spec = importlib.util.spec_from_file_location("gpu_validation",
+                                                  ROOT / "bench" / "gpu" / "gpu_validation.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -143,7 +143,8 @@ def test_common_over_separately_screened_workloads():
 def test_pruned_screen_on_a_small_space_equals_the_full_screen():
     """The real bound and evaluate_sequential on 20 architectures of the small Table 2 space, two
     settings as two objectives plus their average: the pruned screen's top k equals the full one's."""
-    sp = enumerate_space(str(Path(__file__).resolve().parents[1] / "bench" / "phaze" / "phaze_table2_small_space.yaml"))
+    space = Path(__file__).resolve().parents[1] / "bench" / "phaze" / "phaze_table2_small_space.yaml"
+    sp = enumerate_space(str(space))
     idx = np.random.default_rng(11).choice(len(sp), size=20, replace=False)
     sets = {"a": BASE, "b": dataclasses.replace(BASE, sync_model="paper", global_batch=512)}
     vals, bnds = {}, {}

@@ -94,8 +94,13 @@ class PlaceOpsRequest(Request):
             raise invalid("model", f"is {self.model!r}; allowed: {sorted(GDP_PRESETS)}")
         check_int("devices", self.devices, 1, 64, optional=True)
         check_choice("algo", self.algo, PLACE_OPS_ALGOS)
-        check_choice("machine", self.machine, MACHINES)
+        from ..hardware.gpus import check_gpu, is_gpu_file
         from .pipelining import check_gpu_fields
+
+        if is_gpu_file(self.machine):   # N of the user's GPU on NVLink
+            check_gpu("machine", self.machine)
+        else:
+            check_choice("machine", self.machine, MACHINES)
 
         check_gpu_fields(None, self.op_model, self.dtype, self.profile)
         check_int("batch", self.batch, optional=True)

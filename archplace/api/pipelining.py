@@ -96,11 +96,8 @@ class PipelineRequest(Request):
         check_optional_str("pretrained", self.pretrained)
         check_int("env_runners", self.env_runners, low=0)
         check_int("learners", self.learners, low=0)
-        from ..hardware.gpus import GPUS
-
         # a pipeline server is 8 GPUs on NVLink: the P100 PCIe has none
-        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile,
-                         gpus=tuple(sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)))
+        check_gpu_fields(self.gpu, self.op_model, self.dtype, self.profile, nvlink=True)
         check_choice("attention", self.attention, ("eager", "sdpa"))
         if self.attention == "sdpa" and self.profile is not None:
             raise InvalidRequest("{profile} times the ops of the captured (eager) graph; {attention} sdpa "
@@ -113,11 +110,15 @@ class PipelineRequest(Request):
                                         "(bench/automap/pipeline.py --pretrain-steps N writes it)")
 
 
-def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None) -> None:
-    """The GPU preset, op model, dtype and profile fields shared by ``pipeline`` and ``place-ops``."""
-    from ..hardware.gpus import DTYPES, GPUS
+def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus=None, nvlink: bool = False
+                     ) -> None:
+    """The GPU (preset or .json file), op model, dtype and profile fields shared by ``pipeline`` and
+    ``place-ops``; ``gpus`` restricts the presets (a file is checked by its fields)."""
+    from ..hardware.gpus import DTYPES, check_gpu, is_gpu_file
     if gpu is not None:
-        check_choice(gpu_field, gpu, tuple(gpus or sorted(GPUS)))
+        if gpus is not None and not is_gpu_file(gpu):
+            check_choice(gpu_field, gpu, tuple(gpus))
+        check_gpu(gpu_field, gpu, nvlink=nvlink)
     if op_model is not None:
         check_choice("op_model", op_model, OP_MODELS)
     if dtype is not None:

@@ -64,9 +64,9 @@ class ShardRequest(Request):
         check_bool("data_parallel", self.data_parallel)
         check_int("seq", self.seq, low=1, optional=True)
         check_int("batch", self.batch, low=1)
-        from ..hardware.gpus import GPUS
+        from ..hardware.gpus import check_gpu
 
-        check_choice("gpu", self.gpu, tuple(sorted(GPUS)))
+        check_gpu("gpu", self.gpu)
         check_choice("dtype", self.dtype, SHARD_DTYPES)
         check_int("budget", self.budget, low=1, optional=True)
         check_positive_number("max_deterministic_s", self.max_deterministic_s)

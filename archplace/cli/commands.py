@@ -1,4 +1,4 @@
-"""The ``archplace`` command line (contract in DESIGN.md): a human summary by default, one JSON
+"""The archplace command line: a human summary by default, one JSON
 object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback.
 
 The top floor of the package: each command group lives in its own module (``graphs``, ``placement``,

@@ -211,7 +211,7 @@ def add_estimate_parser(sub) -> None:
     e.add_argument("model", nargs="?", help="preset name, dnn-partitioning .json or archplace .parquet")
     add_model_args(e)
     e.add_argument("--arch", default=None, metavar="NAME|FILE", help=ARCH_HELP)
-    e.add_argument("--gpu", default=None, metavar="NAME",
+    e.add_argument("--gpu", default=None, metavar="NAME|FILE",
                    help=gpu_help(GPUS, ": one training step on one GPU instead of --arch"))
     add_devices(e, "devices: 1 (estimate costs one accelerator or one GPU; place, place-ops, pipeline and "
                    "shard take more)", default=1,

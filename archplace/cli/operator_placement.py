@@ -12,7 +12,17 @@ from archplace import api
 from archplace.api.operator_placement import CALL_BUDGET_MIN, MACHINES, MAX_BUDGET_CALLS
 from archplace.cli.common import connect_if_needed, fmt_bytes
 from archplace.cli.pipelining import add_op_model_args
-from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, note, positive, refuse, renamed
+from archplace.cli.vocabulary import (
+    BUDGETS_KEY,
+    add_devices,
+    budgets,
+    count,
+    gpu_choice,
+    note,
+    positive,
+    refuse,
+    renamed,
+)
 
 
 def cmd_place_ops(args) -> dict[str, Any]:
@@ -106,12 +116,12 @@ def add_place_ops_parser(sub) -> None:
                     help="gdp: the best fast placer cloned into the GDP policy, then PPO; the answer is the "
                          "fastest of the policy's greedy placement, its best sample and that warm start, and "
                          "says which (answer_source)")
-    po.add_argument("--gpu", choices=MACHINES, default="p100-pcie", metavar="NAME",
+    po.add_argument("--gpu", type=gpu_choice(MACHINES), default="p100-pcie", metavar="NAME|FILE",
                     help="p100-pcie (default) and v100-nvlink are GDP's machines (P100s on PCIe, V100s on "
                          "NVLink, as the paper timed them); any other GPU preset ("
                          + ", ".join(n for n in MACHINES if n not in ("p100-pcie", "v100-nvlink"))
-                         + ") is --devices of it on NVLink")
-    renamed(po, "--machine", "--gpu", "gpu", choices=MACHINES)
+                         + ") or a GPU's .json file is --devices of it on NVLink")
+    renamed(po, "--machine", "--gpu", "gpu", type=gpu_choice(MACHINES))
     refuse(po, ("--arch",), "place-ops places operators on GPUs: it takes --gpu NAME; accelerator "
                             "templates are placed by place and estimate --arch")
     add_op_model_args(po, "fp32 (GDP's TensorFlow graphs)")

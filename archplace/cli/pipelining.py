@@ -11,7 +11,7 @@ from typing import Any
 from archplace import api
 from archplace.api.pipelining import OP_MODELS
 from archplace.cli.common import connect_if_needed
-from archplace.cli.vocabulary import BUDGETS_KEY, budgets, count, gpu_help, refuse, renamed
+from archplace.cli.vocabulary import BUDGETS_KEY, budgets, count, gpu_choice, gpu_help, refuse, renamed
 from archplace.hardware.gpus import DTYPES, GPUS
 
 
@@ -144,7 +144,7 @@ def add_pipeline_parser(sub) -> None:
                     help="rainbow: remote learner actors (default 0: in this process)")
     add_op_model_args(pp, "fp16 (Auto-MAP's mixed precision)")
     nvlink = sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)  # a server needs NVLink
-    pp.add_argument("--gpu", default=None, choices=nvlink, metavar="NAME",
+    pp.add_argument("--gpu", default=None, type=gpu_choice(nvlink), metavar="NAME|FILE",
                     help=gpu_help(nvlink, ": servers of --gpus-per-node of this GPU on its NVLink, its "
                                         "InfiniBand between servers (default: Auto-MAP's V100 servers on "
                                         "25 Gbps)"))

@@ -16,6 +16,7 @@ from archplace.cli.vocabulary import (
     add_devices,
     budgets,
     count,
+    gpu_choice,
     gpu_help,
     positive,
     refuse,
@@ -138,7 +139,7 @@ def add_shard_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=None, help="tokens (default: the preset's; vgg19: image side)")
     p.add_argument("--batch", type=int, default=8, help="examples per step (default 8)")
     p.add_argument(
-        "--gpu", choices=sorted(GPUS), default="v100-sxm2", metavar="NAME",
+        "--gpu", type=gpu_choice(GPUS), default="v100-sxm2", metavar="NAME|FILE",
         help=gpu_help(GPUS, " (default v100-sxm2, Auto-MAP's)"),
     )
     refuse(p, ("--arch",), "shard splits a model over GPUs: it takes --gpu NAME; accelerator templates are "

@@ -1,6 +1,6 @@
 """One flag name per concept across the ``archplace`` commands (the table is docs/reference/flags.md):
 
-- hardware: ``--arch NAME|FILE`` (an accelerator template), ``--gpu NAME`` (a GPU preset); a command
+- hardware: ``--arch NAME|FILE`` (an accelerator template), ``--gpu NAME|FILE`` (a GPU); a command
   that takes neither kind, or only one, still recognises the other and refuses it in one line naming what
   it takes (exit status 2);
 - count: ``--devices N`` everywhere, ``--gpus-per-node N`` for the node shape;
@@ -151,7 +151,24 @@ ARCH_HELP = "accelerator template: a preset (tpuv4; see docs/reference/presets.m
 
 
 def gpu_help(names, extra: str = "") -> str:
-    return f"GPU preset: {', '.join(sorted(names))}{extra}"
+    return f"GPU preset ({', '.join(sorted(names))}) or a .json file of a GPU's fields{extra}"
+
+
+def gpu_choice(names) -> Callable:
+    """An argparse type: a GPU preset among ``names`` or a ``.json`` file of a GPU's fields (read and
+    checked by the request, which names the bad field)."""
+    allowed = sorted(names)
+
+    def parse(text: str) -> str:
+        if text in allowed or text.endswith(".json"):
+            return text
+        near = difflib.get_close_matches(text, allowed, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r}{hint}; allowed: {', '.join(allowed)} "
+                                         "or a GPU's .json file")
+
+    parse.__name__ = "gpu"
+    return parse
 
 
 def add_devices(parser, help: str, *, type: Callable | None = None, default: Any = None,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .gpus import GPUS, V100_SXM2, GPUSpec, gpu_spec
+from .gpus import GPUS, V100_SXM2, GPUSpec, gpu_spec, is_gpu_file
 from .gpus import P100_PCIE as P100_PCIE_SPEC
 
 INTERCONNECTS = ("pcie", "nvlink")
@@ -71,13 +71,16 @@ class GPUMachine:
         return gpu_spec(self.gpu)
 
     @classmethod
-    def from_spec(cls, spec: GPUSpec, num_devices: int = 8, dtype: str = "fp32") -> GPUMachine:
-        """N GPUs of ``spec`` on NVLink (on PCIe ports if it has none)."""
+    def from_spec(cls, spec: GPUSpec, num_devices: int = 8, dtype: str = "fp32", ref: str | None = None
+                  ) -> GPUMachine:
+        """N GPUs of ``spec`` on NVLink (on PCIe ports if it has none). ``ref`` is how ``gpu_spec`` finds
+        the GPU again (a preset's name, or the path of a GPU's .json file); the spec's name by default."""
+        gpu = ref or spec.name
         if not spec.nvlink_bytes_per_s > 0:
             return cls(spec.name, num_devices, spec.peak(dtype), spec.hbm_bytes_per_s, spec.memory_bytes,
-                       spec.pcie_bytes_per_s, 10e-6, "pcie", spec.launch_s, spec.name, dtype)
+                       spec.pcie_bytes_per_s, 10e-6, "pcie", spec.launch_s, gpu, dtype)
         return cls(spec.name, num_devices, spec.peak(dtype), spec.hbm_bytes_per_s, spec.memory_bytes,
-                   spec.nvlink_bytes_per_s, 5e-6, "nvlink", spec.launch_s, spec.name, dtype)
+                   spec.nvlink_bytes_per_s, 5e-6, "nvlink", spec.launch_s, gpu, dtype)
 
 
 GIB = 1024**3
@@ -93,12 +96,12 @@ MACHINE_NAMES = sorted(set(GPU_MACHINES) | set(GPUS))
 def gpu_machine(name: str, num_devices: int | None = None, dtype: str | None = None) -> GPUMachine:
     """Preset ``name`` (``p100-pcie`` | ``v100-nvlink`` | a GPU preset of hardware/gpus.py), optionally
     with ``num_devices`` GPUs (8 by default) and the peak of ``dtype`` (fp32 by default)."""
-    if name not in MACHINE_NAMES:
-        raise ValueError(f"machine is {name!r}; allowed: {MACHINE_NAMES}")
+    if name not in MACHINE_NAMES and not is_gpu_file(name):
+        raise ValueError(f"machine is {name!r}; allowed: {MACHINE_NAMES} or a GPU's .json file")
     if name in GPU_MACHINES:
         m = GPU_MACHINES[name]
         if dtype is not None and dtype != m.dtype:
             m = replace(m, peak_flops_per_s=m.spec.peak(dtype), dtype=dtype)
     else:
-        m = GPUMachine.from_spec(GPUS[name], 8, dtype or "fp32")
+        m = GPUMachine.from_spec(gpu_spec(name), 8, dtype or "fp32", ref=name)
     return m if num_devices is None else m.with_devices(num_devices)

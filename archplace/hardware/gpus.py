@@ -57,6 +57,7 @@ class GPUSpec:
     ib_bytes_per_s: float
     launch_s: float
     source: str
+    sram_bytes_per_sm: int | None = None   # shared memory a fused attention kernel tiles for (a GPU file's)
 
     def __post_init__(self) -> None:
         if set(self.peak_flops_per_s) != set(DTYPES):
@@ -106,9 +107,89 @@ H200 = GPUSpec("h200", "NVIDIA H200 SXM 141 GB", _HOPPER_PEAKS, 67e12, 4.8e12, 1
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (V100_SXM2, P100_PCIE, A100_40GB, A100_80GB, H100_SXM, H200)}
 
 
+GPU_FILE_FIELDS = ("name", "label", "peak_flops_per_s", "vector_flops_per_s", "hbm_bytes_per_s",
+                   "memory_bytes", "nvlink_bytes_per_s", "pcie_bytes_per_s", "ib_bytes_per_s", "launch_s",
+                   "source", "sram_bytes_per_sm")
+_GPU_FILE_DEFAULTS = {"nvlink_bytes_per_s": 0.0, "launch_s": 5e-6}
+
+
+def is_gpu_file(name: object) -> bool:
+    """A ``.json`` path: a GPU of the user's own, described by ``GPUSpec``'s fields."""
+    return isinstance(name, str) and name.endswith(".json")
+
+
+def load_gpu_file(path: str) -> GPUSpec:
+    """A GPU from a JSON object of ``GPUSpec``'s fields (units in the names: FLOP/s, bytes/s, bytes, s).
+    ``label`` defaults to ``name``, ``source`` to the file, ``nvlink_bytes_per_s`` to 0 (no NVLink) and
+    ``launch_s`` to 5 us; ``memory_gib`` may stand for ``memory_bytes``; ``sram_bytes_per_sm`` is the
+    shared memory a fused attention kernel tiles for (227 KiB on Hopper). The name must not be a preset's,
+    so a result never shows a preset's name for other numbers. Read again on every call (cheap), so Ray
+    workers and processes that did not parse the command line resolve the same path the same way."""
+    import json
+    from pathlib import Path
+
+    f = Path(path)
+    if not f.is_file():
+        raise ValueError(f"gpu file {path!r} does not exist (a GPU is a preset, {sorted(GPUS)}, "
+                         "or a .json file of its fields)")
+    try:
+        raw = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"gpu file {path!r} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"gpu file {path!r} must hold a JSON object of the fields {list(GPU_FILE_FIELDS)}")
+    raw = dict(raw)
+    if "memory_gib" in raw and "memory_bytes" not in raw:
+        raw["memory_bytes"] = int(float(raw.pop("memory_gib")) * GIB)
+    unknown = sorted(set(raw) - set(GPU_FILE_FIELDS))
+    if unknown:
+        raise ValueError(f"gpu file {path!r} field {unknown[0]!r} is unknown; allowed: "
+                         f"{list(GPU_FILE_FIELDS)} (or memory_gib)")
+    raw = {**_GPU_FILE_DEFAULTS, "source": f"user file {f.name}", **raw}
+    name = raw.get("name")
+    if not (isinstance(name, str) and name):
+        raise ValueError(f"gpu file {path!r} field 'name' must be a non-empty string")
+    if name in GPUS:
+        raise ValueError(f"gpu file {path!r} field 'name' is {name!r}, a preset's name; give the GPU its "
+                         "own")
+    raw.setdefault("label", name)
+    missing = [k for k in GPU_FILE_FIELDS if k not in raw]
+    if missing:
+        raise ValueError(f"gpu file {path!r} lacks the field {missing[0]!r} (needs {list(GPU_FILE_FIELDS)})")
+    for k in GPU_FILE_FIELDS:
+        if k not in ("name", "label", "source", "peak_flops_per_s") and not isinstance(raw[k], (int, float)) \
+                and not (k == "sram_bytes_per_sm" and raw[k] is None):
+            raise ValueError(f"gpu file {path!r} field {k!r} must be a number, got {raw[k]!r}")
+    if not (isinstance(raw["peak_flops_per_s"], dict)
+            and all(isinstance(v, (int, float)) and v > 0 for v in raw["peak_flops_per_s"].values())):
+        raise ValueError(f"gpu file {path!r} field 'peak_flops_per_s' must map each of {list(DTYPES)} to a "
+                         "positive FLOP/s")
+    raw["memory_bytes"] = int(raw["memory_bytes"])
+    if raw["sram_bytes_per_sm"] is not None:
+        raw["sram_bytes_per_sm"] = int(raw["sram_bytes_per_sm"])
+    return GPUSpec(**{k: raw[k] for k in GPU_FILE_FIELDS})
+
+
 def gpu_spec(name: str) -> GPUSpec:
-    """The preset ``name``; a one-line error listing the presets otherwise."""
+    """The preset ``name``, or the GPU of a ``.json`` file (``load_gpu_file``); a one-line error
+    listing the presets otherwise."""
+    if is_gpu_file(name):
+        return load_gpu_file(name)
     try:
         return GPUS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"gpu is {name!r}; allowed: {sorted(GPUS)}") from None
+        raise ValueError(f"gpu is {name!r}; allowed: {sorted(GPUS)} or a .json file of a GPU's "
+                         "fields") from None
+
+
+def check_gpu(field_name: str, name: object, nvlink: bool = False) -> GPUSpec:
+    """``name`` as a GPU (preset or file) for a request's ``field_name``; with ``nvlink`` it must have
+    NVLink (a pipeline server of 8). Raises ValueError naming the field."""
+    try:
+        spec = gpu_spec(name)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ValueError(f"{field_name}: {e}") from None
+    if nvlink and not spec.nvlink_bytes_per_s > 0:
+        raise ValueError(f"{field_name}: gpu {name!r} has no NVLink; a server of 8 needs it (presets with "
+                         f"it: {sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)})")
+    return spec

@@ -51,11 +51,13 @@ SRAM_BYTES: dict[str, int] = {
 def sram_bytes(gpu: GPUSpec) -> int:
     """The SRAM size a fused attention kernel tiles for on ``gpu``; one line naming the presets that
     have one otherwise."""
+    if gpu.sram_bytes_per_sm is not None:
+        return gpu.sram_bytes_per_sm
     try:
         return SRAM_BYTES[gpu.name]
     except KeyError:
-        raise ValueError(f"gpu {gpu.name!r} has no SRAM size for fused attention; known: "
-                         f"{sorted(SRAM_BYTES)}") from None
+        raise ValueError(f"gpu {gpu.name!r} has no SRAM size for fused attention (a GPU file gives it as "
+                         f"sram_bytes_per_sm); known: {sorted(SRAM_BYTES)}") from None
 
 
 def bytes_per_element(dtype: str) -> int:
