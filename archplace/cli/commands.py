@@ -77,7 +77,8 @@ def _flag(field: str, args=None) -> str:
 
 # what a command does first (status.py prints it once the command has run a second)
 FIRST_PHASE = {"models": "listing the models", "graph": "building the graph",
-               "report": "reading the evaluations", "solve-dp": "reading the graph"}
+               "report": "reading the evaluations and writing report.md",
+               "solve-dp": "solving the max-load split"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 from archplace import api
 from archplace.api.operator_placement import CALL_BUDGET_MIN, MACHINES, MAX_BUDGET_CALLS
+from archplace.cli import status
 from archplace.cli.common import connect_if_needed, fmt_bytes
 from archplace.cli.pipelining import add_op_model_args
 from archplace.cli.vocabulary import (
@@ -33,7 +34,9 @@ def cmd_place_ops(args) -> dict[str, Any]:
                               pretrained=args.pretrained, zero_shot=args.zero_shot, op_model=args.op_model,
                               dtype=args.dtype, profile=args.profile)
     connect_if_needed(req, args.address)
-    res = api.place_ops(req).to_dict()
+    res = api.place_ops(req, progress=status.stages({
+        "graph": lambda i: f"placing {i.get('nodes')} operators ({args.algo})",
+        "place": "simulating the training step"})).to_dict()
     if args.algo == "exact":
         res[BUDGETS_KEY] = budgets(timeout_s=req.budget_value)
     elif args.algo in CALL_BUDGET_MIN:

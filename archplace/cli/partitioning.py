@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.cli import status
 from archplace.cli.common import connect_if_needed
 from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, refuse, renamed
 
@@ -19,7 +20,10 @@ def cmd_partition(args) -> dict[str, Any]:
                                learners=args.learners, config=args.config, polish=args.polish,
                                polish_subsolves=args.polish_subsolves)
     connect_if_needed(req, args.address)
-    res = api.partition(req).to_dict()
+    res = api.partition(req, progress=status.stages({
+        "graph": lambda i: f"partitioning {i.get('nodes')} nodes: greedy first",
+        "greedy": f"searching ({args.algo})" if args.algo != "greedy" else None,
+        "search": "polishing" if args.polish else None})).to_dict()
     res[BUDGETS_KEY] = budgets(max_evals=None if args.algo in ("greedy", "ppo-lns") else args.max_evals,
                                polish_s=args.polish or None, polish_subsolves=args.polish_subsolves)
     return res

@@ -10,6 +10,7 @@ from typing import Any
 
 from archplace import api
 from archplace.api.pipelining import OP_MODELS
+from archplace.cli import status
 from archplace.cli.common import connect_if_needed
 from archplace.cli.vocabulary import BUDGETS_KEY, budgets, count, gpu_choice, gpu_help, refuse, renamed
 from archplace.hardware.gpus import DTYPES, GPUS
@@ -26,7 +27,9 @@ def cmd_pipeline(args) -> dict[str, Any]:
                               learners=args.learners, gpu=args.gpu, op_model=args.op_model, dtype=args.dtype,
                               profile=args.profile, attention=args.attention)
     connect_if_needed(req, args.address)
-    res = api.pipeline(req).to_dict()
+    res = api.pipeline(req, progress=status.stages({
+        "profile": lambda i: f"finding the optimal cuts of {i.get('forward_ops')} forward operators",
+        "optimum": f"searching ({args.algo})" if args.algo != "dp" else None})).to_dict()
     res[BUDGETS_KEY] = budgets(max_evals=res.get("budget")) if args.algo == "rainbow" else {}
     return res
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace import api
+from archplace.cli import status
 from archplace.cli.common import add_model_args, model_ref
 
 
@@ -18,6 +19,7 @@ def cmd_profile(args) -> dict[str, Any]:
                              mbs=args.mbs, seq=args.seq, capture_blocks=args.capture_blocks,
                              method=args.method, steps=args.steps, warmup=args.warmup,
                              threads=args.threads or None, seed=args.seed)
+    status.phase(f"building the graph and running {args.steps} training steps on {args.device}")
     return api.profile(req).to_dict()
 
 

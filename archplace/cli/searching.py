@@ -37,8 +37,7 @@ def cmd_search(args) -> dict[str, Any]:
     # what needs no model, before a config's transformers import (seconds) and before --out is made
     if args.out:
         check_paths(Path(args.out).resolve(), args.schedule_cache)
-    if args.target == "accelerator":
-        check_address(args.address)
+    check_address(args.address)
     st = status.active()
     if st is not None:   # one clock: the progress line, the summary and report.md count from the start
         set_run_start(st.start)

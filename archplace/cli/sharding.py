@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from archplace.api.sharding import DQN_BUDGET, SHARD_ALGOS, SHARD_DTYPES, ShardRequest, shard
+from archplace.cli import status
 from archplace.cli.common import connect_if_needed, fmt_bytes
 from archplace.cli.vocabulary import (
     BUDGETS_KEY,
@@ -46,6 +47,7 @@ def cmd_shard(args) -> dict[str, Any]:
         reward=args.reward,
     )
     connect_if_needed(req, args.address)
+    status.phase(f"sharding {args.model or args.hf_config} on {args.devices} devices ({args.algo})")
     res = shard(req).to_dict()
     if args.algo == "ilp":
         res[BUDGETS_KEY] = budgets(det_time_s=args.det_time)

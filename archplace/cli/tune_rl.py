@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from archplace.cli import status
 from archplace.cli.pipelining import _cluster_devices
 from archplace.cli.vocabulary import BUDGETS_KEY, add_devices, budgets, count, refuse, renamed
 
@@ -28,6 +29,7 @@ def cmd_tune_rl(args) -> dict[str, Any]:
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     connect(args.address)
+    status.phase(f"tuning {args.placer}: {args.samples} trial(s), results in {out}")
     res = tune_rl(args.placer, scheduler=args.scheduler, samples=args.samples, iterations=args.iterations,
                   out=out, seed=args.seed, case=case, max_concurrent=args.max_concurrent)
     return {**res, BUDGETS_KEY: budgets(trials=args.samples, max_iterations=res.get("iterations"))}
