@@ -4,11 +4,11 @@ Usage: ``python deploy/search_job.py MODEL [MODEL...] [search options]`` runs
 ``archplace search MODEL... [options] --address auto`` (``--address auto`` is added unless the
 arguments already carry ``--address``) and exits with its return code. Two ways to launch it:
 
-* Cluster launcher: ``ray submit deploy/cluster.yaml deploy/search_job.py -- bert-large --budget 50``
+* Cluster launcher: ``ray submit deploy/cluster.yaml deploy/search_job.py -- bert-large --max-archs 50``
   copies this file to ``~/search_job.py`` on the head node and runs it there; ``auto`` finds the
   cluster that ``ray up deploy/cluster.yaml`` started on that node.
 * Jobs API: ``ray job submit --address http://HEAD:8265 -- python deploy/search_job.py bert-large
-  --budget 50`` (or ``JobSubmissionClient.submit_job``); the job's driver gets ``RAY_ADDRESS``, which
+  --max-archs 50`` (or ``JobSubmissionClient.submit_job``); the job's driver gets ``RAY_ADDRESS``, which
   ``auto`` resolves to. The path is relative to the job's working directory: add
   ``--working-dir .`` to upload the repository, or ``cd`` to a checkout on the head node first.
 

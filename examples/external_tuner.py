@@ -7,7 +7,7 @@ tuner reports; the tuner decides how a suggestion is measured. Two ways:
   (here a made-up analytical one, ``my_cost_model``) and reports the score, or reports the trial
   INFEASIBLE with a reason when its own rule says the architecture cannot work;
 * ``--managed``: the tuner asks the service to evaluate each suggestion (``POST /v1/evaluations``:
-  placement and throughput of the model on ``--accelerators`` copies of the suggested architecture,
+  placement and throughput of the model on ``--devices`` copies of the suggested architecture,
   the same computation as ``archplace place``), waits for the operations and reports the
   throughput, or INFEASIBLE with the placement's reason, or FAILED with the operation's error.
 
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--study", default=None, help="default: tuner-own or tuner-managed")
     ap.add_argument("--searcher", default="phaze", choices=["phaze", "optuna", "random", "grid"])
     ap.add_argument("--model", default="bert-base")
-    ap.add_argument("--accelerators", type=int, default=64)
+    ap.add_argument("--devices", "--accelerators", dest="accelerators", type=int, default=64,
+                    help="accelerators per placement (the service field accelerators)")
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--client-id", default="external-tuner",
                     help="the same id again gets its unfinished trials back (a resumed run)")
