@@ -110,7 +110,20 @@ class Status:
                  enabled: bool = True, start: float | None = None, delay_s: float | None = None,
                  tick_s: float = TICK_S) -> None:
         self.command, self.enabled = command, enabled
-        self.stream = stream if stream is not None else sys.stderr
+        self._owned = None
+        if stream is None:
+            stream = sys.stderr
+            if enabled:
+                # a file of its own on stderr's descriptor: the lines still reach the terminal while a
+                # layer below points descriptor 2 elsewhere (Ray's attach captures what its C++ client
+                # logs there, for as long as the attach takes)
+                try:
+                    stream = self._owned = os.fdopen(os.dup(stream.fileno()), "w", buffering=1,
+                                                     encoding=getattr(stream, "encoding", None) or "utf-8",
+                                                     errors="replace")
+                except (AttributeError, OSError, ValueError):
+                    pass
+        self.stream = stream
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = process_start() if start is None else start
         if delay_s is None:
@@ -175,6 +188,12 @@ class Status:
             if self._open:
                 self._write("\r\x1b[K")
                 self._open = False
+            if self._owned is not None:
+                try:
+                    self._owned.close()
+                except OSError:
+                    pass
+                self._owned = None
 
     # ------------------------------------------------------------------ what the command says
     def phase(self, text: str, handover: bool = False) -> None:
@@ -190,7 +209,7 @@ class Status:
     def note(self, text: str) -> None:
         """Printed at once, whatever the delay, and kept (a terminal's status line is redrawn below it)."""
         if not self.enabled or self._stop.is_set():
-            print(text, file=self.stream, flush=True)
+            print(text, file=sys.stderr, flush=True)
             return
         with self._lock:
             if self._open:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -166,11 +167,16 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kw)
         return
     with _stderr_captured() as captured:
+        attached = threading.Event()
+        threading.Thread(target=_say_while_attaching, args=(captured, address, attached), daemon=True,
+                         name="archplace-attach").start()
         try:
             ray.init(address=address, **kw)
             error = None
         except (ConnectionError, RuntimeError, ValueError) as e:
             error = e
+        finally:
+            attached.set()
     said = captured.text
     if error is None:
         if said.strip():   # what a successful attach said (warnings), as Ray would have said it
@@ -213,14 +219,36 @@ def _say_cluster(ray) -> None:
         return
     cpus, idle = float(total.get("CPU", 0.0)), float(free.get("CPU", 0.0))
     _status.warning(f"joined the Ray cluster at {where}: {cpus:g} CPUs on {nodes} node(s), {idle:g} free")
-    if cpus < 1:
-        _status.info("waiting for the cluster's first CPU (a node to join, or the autoscaler)")
-    elif idle < 1:
+    if cpus >= 1 > idle:
         _status.info(f"waiting: all {cpus:g} CPUs of the cluster are busy with other work")
+
+
+def _say_while_attaching(captured: _Captured, address: str, done: threading.Event,
+                         every_s: float = 10.0) -> None:
+    """While an attach takes long (a cluster that does not answer as Ray expects retries for minutes),
+    the phase says what Ray's client last logged, every ``every_s`` seconds it has something new."""
+    said = ""
+    while not done.wait(every_s):
+        last = next((ln for ln in reversed(captured.peek().splitlines()) if ln.strip()), "")
+        last = re.sub(r"^\[[^\]]*\]\s*[\w.]+:\d+:\s*", "", last).strip()   # Ray's "[time W pid] file:line: "
+        if last and last != said:
+            said = last
+            _status.info(f"attaching to the Ray cluster at {address}, still; Ray's client says: {last[:200]}")
 
 
 class _Captured:
     text = ""
+    fd: int | None = None
+
+    def peek(self, limit: int = 65536) -> str:
+        """The end of what was captured so far, read without moving the capture's file offset."""
+        if self.fd is None:
+            return ""
+        try:
+            size = os.fstat(self.fd).st_size
+            return os.pread(self.fd, min(size, limit), max(0, size - limit)).decode(errors="replace")
+        except OSError:
+            return ""
 
 
 @contextlib.contextmanager
@@ -233,6 +261,7 @@ def _stderr_captured():
     saved = os.dup(2)
     with tempfile.TemporaryFile() as fh:
         os.dup2(fh.fileno(), 2)
+        cap.fd = fh.fileno()
         try:
             yield cap
         finally:
@@ -241,6 +270,7 @@ def _stderr_captured():
             os.close(saved)
             fh.seek(0)
             cap.text = fh.read().decode(errors="replace")
+            cap.fd = None
 
 
 def _loopback_only() -> None:
