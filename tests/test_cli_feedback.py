@@ -148,6 +148,11 @@ def test_progress_eta_only_once_it_means_something():
     assert "ETA" in q.stream.getvalue().splitlines()[-1]
     q.update(1.0)
     assert "ETA" not in q.stream.getvalue().splitlines()[-1]   # done
+    b = _Progress(30, stream=io.StringIO())
+    b.update_many([1.0] * 10)
+    assert "ETA" not in b.stream.getvalue()   # a first batch of 10: one result, no rate yet
+    b.update_many([1.0] * 10)
+    assert "20/30" in b.stream.getvalue().splitlines()[-1] and "ETA" in b.stream.getvalue().splitlines()[-1]
 
 
 def test_report_says_the_wall_time_and_never_over_zero_minutes(tmp_path):

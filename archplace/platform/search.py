@@ -314,12 +314,15 @@ class _Progress:
     """The per-architecture progress line on stderr. The elapsed time counts from the run's start
     (``start``, the command's process start from the CLI); the rate for the ETA from this line's own
     start (the evaluations, not Ray's start-up), and an ETA is shown only after ``ETA_MIN_DONE``
-    units and ``ETA_MIN_FRACTION`` of them. On a terminal the line is redrawn every ``tick_s`` seconds
-    even when nothing finished (the clock moves); elsewhere one line per finished unit."""
+    results and ``ETA_MIN_FRACTION`` of the units (a batched trial's architectures arrive as one
+    result: its first batch alone says nothing of the rate). On a terminal the line is redrawn every
+    ``tick_s`` seconds even when nothing finished (the clock moves); elsewhere one line per result."""
 
     def __init__(self, total: int, stream=None, start: float | None = None, unit: str = "architectures",
-                 tick_s: float = 5.0) -> None:
-        self.total, self.done, self.failed = total, 0, 0
+                 tick_s: float = 5.0, phase: str | None = None) -> None:
+        # the phase this line shows, handed over: a status printer above stops redrawing its own line
+        _status.info(phase or f"evaluating {total} {unit}", extra={"handover": True})
+        self.total, self.done, self.failed, self.results = total, 0, 0, 0
         self.start = run_start() if start is None else start
         self.t_eval = time.time()
         self.best = 0.0
@@ -342,7 +345,7 @@ class _Progress:
         width = 24
         fill = int(width * self.done / max(self.total, 1))
         eta = ""
-        if ETA_MIN_DONE <= self.done < self.total and self.done >= ETA_MIN_FRACTION * self.total:
+        if self.results >= ETA_MIN_DONE and ETA_MIN_FRACTION * self.total <= self.done < self.total:
             rate = (time.time() - self.t_eval) / self.done
             eta = f"  ETA {_hms(rate * (self.total - self.done))}"
         best = f"  best avg {self.best:,.1f} samples/s" if self.done else ""
@@ -369,11 +372,17 @@ class _Progress:
                 self._draw()
 
     def update(self, value: float | None, failed: bool = False) -> None:
+        self.update_many([value], failed)
+
+    def update_many(self, values: list[float | None], failed: bool = False) -> None:
+        """One result of one or more units (a batched trial's architectures), drawn once."""
         with self._lock:
-            self.done += 1
-            self.failed += failed
-            if value is not None:
-                self.best = max(self.best, value)
+            self.done += len(values)
+            self.results += 1
+            self.failed += len(values) if failed else 0
+            for v in values:
+                if v is not None:
+                    self.best = max(self.best, v)
             self._draw()
 
     def close(self) -> None:
@@ -519,15 +528,17 @@ class _StoreSink:
             c["unique"] += int(r.get("ilp_unique", 0))
             c["cache_hits"] += int(r.get("cache_hits", 0))
             c["solved"] += int(r.get("ilp_solved", 0))
+        values = []
         for rows in by_arch.values():
             self.store.add(rows, self.meta["searcher"])
             value = float(np.mean([r["throughput"] for r in rows]))
-            if self.progress:
-                self.progress.update(value)
+            values.append(value)
             if self.hook is not None:
                 self.hook({"space_index": rows[0].get("space_index"), "arch_key": rows[0]["arch_key"],
                            "arch_label": rows[0].get("arch_label"), "throughput_avg": value,
                            "status": "ok" if all(r.get("status") == "ok" for r in rows) else "infeasible"})
+        if self.progress and values:
+            self.progress.update_many(values)
         self.cache_file.append(json.loads(solved_json))
         if by_arch:
             self.store.write_best(self.meta)
@@ -761,10 +772,12 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
         interrupted = threading.Event()   # Ctrl-C: set by _sigint_stops, read by the stopper
         stop_when = _Either(cancel, interrupted)
         limiter = AdaptiveLimiter(alg, capacity)
-        _status.info(f"evaluating {remaining} architecture(s)"
-                     + (f", {archs_per_trial} per trial" if archs_per_trial > 1 else "")
-                     + f", up to {capacity()} trial(s) in flight", extra={"handover": bool(progress)})
-        prog = _Progress(remaining, start=started) if progress else None
+        evaluating = (f"evaluating {remaining} architecture(s)"
+                      + (f", {archs_per_trial} per trial" if archs_per_trial > 1 else "")
+                      + f", up to {capacity()} trial(s) in flight")
+        prog = _Progress(remaining, start=started, phase=evaluating) if progress else None
+        if prog is None:
+            _status.info(evaluating)
         sink = _StoreSink(store, meta, prog, alg, cache_file, space, on_evaluated)
         callback = _store_callback(sink)
         trainable = tune.with_resources(
