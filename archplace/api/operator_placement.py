@@ -98,7 +98,10 @@ class PlaceOpsRequest(Request):
         from .pipelining import check_gpu_fields
 
         if is_gpu_file(self.machine):   # N of the user's GPU on NVLink
-            check_gpu("machine", self.machine)
+            try:
+                check_gpu("machine", self.machine)
+            except ValueError as e:
+                raise invalid("machine", str(e).removeprefix("machine: ")) from None
         else:
             check_choice("machine", self.machine, MACHINES)
 

@@ -277,7 +277,7 @@ class SolveDpRequest(Request):
 
         if resolve_graph_file(self.file) is None:
             names = ", ".join(sorted(k for k in bundled_graphs() if "/" not in k))
-            raise ValueError(f"file: {self.file!r} does not exist and is not a bundled graph ({names})")
+            raise ValueError(f"input file {self.file!r} does not exist and is not a bundled graph ({names})")
         check_choice("method", self.method, DP_METHODS)
         check_positive_number("time_limit_s", self.time_limit_s)
 
