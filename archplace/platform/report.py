@@ -472,8 +472,8 @@ def _header(s: _Search, out_dir: Path, note: str, wall_s: float | None = None) -
         lines.append(f"- **Ran on:** {len(hosts) or DASH} host(s)"
                      + (f", evaluations finishing over {_wall(span)}" if span > 0 and wall_s is None else ""))
     if wall_s is not None:
-        lines.append(f"- **Wall time:** {_wall(wall_s)} — the last run, from the command's start (Ray's "
-                     "start-up, the model graphs, the evaluations, the result files)")
+        lines.append(f"- **Wall time:** {_wall(wall_s)} — the last run, from the command's start to its "
+                     "evaluations.parquet (Ray's start-up, the model graphs and the evaluations included)")
     lines.append("")
     lines.append("An architecture is *infeasible* when no placement fits in memory for some model, "
                  "*failed* when an evaluation raised.")
