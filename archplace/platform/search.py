@@ -18,11 +18,7 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
-import socket
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from .lock import OutDirLock
+from .progress import _hms, _Progress, _status, run_start, set_run_start  # noqa: F401  (re-exported)
+from .ray_connect import _loopback_only, check_address, connect  # noqa: F401  (re-exported)
 from .schedule_cache import ScheduleCacheFile
 from .settings import SearchSettings
 from .store import ResultStore
@@ -144,263 +142,6 @@ def check_paths(out: Path, schedule_cache: str | Path | None) -> None:
         up = first_existing(c.parent)
         if not up.is_dir():
             raise ValueError(f"--schedule-cache {c}: {up} is a file, not a directory")
-
-
-def connect(address: str | None, num_cpus: int | None = None) -> None:
-    """Start the embedded Ray, or attach to the cluster at ``address`` ("auto" or HOST:PORT).
-    An unreachable address is a one-line ValueError, not a hang or a traceback."""
-    check_address(address)
-    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
-        _status.info("starting Ray (a local instance of this command's own)" if address is None else
-                     f"attaching to the Ray cluster at {address}"
-                     + (" (the one RAY_ADDRESS or a `ray start` on this machine names)" if address == "auto"
-                        else ""))
-    import ray
-
-    if ray.is_initialized():
-        return
-    kw = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
-    if address is None:
-        _loopback_only()
-        # "local": always a new Ray of our own. Without it, ray.init() joins the cluster a `ray start`
-        # on this machine recorded in /tmp/ray/ray_current_cluster, or RAY_ADDRESS (issue 29)
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kw)
-        return
-    with _stderr_captured() as captured:
-        attached = threading.Event()
-        threading.Thread(target=_say_while_attaching, args=(captured, address, attached), daemon=True,
-                         name="archplace-attach").start()
-        try:
-            ray.init(address=address, **kw)
-            error = None
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            error = e
-        finally:
-            attached.set()
-    said = captured.text
-    if error is None:
-        if said.strip():   # what a successful attach said (warnings), as Ray would have said it
-            sys.stderr.write(said)
-        _say_cluster(ray)
-        return
-    msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if "InvalidAuthToken" in said or "Unauthenticated" in said:
-        raise ValueError(f"--address {address}: the cluster refused this driver's token (it runs with "
-                         "token authentication; set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, or "
-                         "~/.ray/auth_token, to its token, see deploy/README.md)") from None
-    raise ValueError(f"--address {address}: could not attach to a Ray cluster: {msg} (a cluster with "
-                     "token authentication needs RAY_AUTH_MODE=token and its token, see deploy/README.md)"
-                     ) from None
-
-
-def check_address(address: str | None) -> None:
-    """``--address``: "auto", or HOST:PORT where something listens (a one-line ValueError otherwise,
-    in at most 5 s, before anything is created or started)."""
-    if address is None or address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--address must be 'auto' or HOST:PORT, got {address!r}")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as e:
-        raise ValueError(f"--address {address}: cannot reach a Ray cluster there ({e.strerror or e})"
-                         ) from None
-
-
-def _say_cluster(ray) -> None:
-    """The cluster this driver joined, as a note that stays on screen: its address, CPUs and nodes,
-    and whether they are busy (then the search waits for them, and says so)."""
-    try:
-        where = ray.get_runtime_context().gcs_address
-        total, free = ray.cluster_resources(), ray.available_resources()
-        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    except Exception:  # noqa: BLE001 - a note must not fail the attach
-        return
-    cpus, idle = float(total.get("CPU", 0.0)), float(free.get("CPU", 0.0))
-    _status.warning(f"joined the Ray cluster at {where}: {cpus:g} CPUs on {nodes} node(s), {idle:g} free")
-    if cpus >= 1 > idle:
-        _status.info(f"waiting: all {cpus:g} CPUs of the cluster are busy with other work")
-
-
-def _say_while_attaching(captured: _Captured, address: str, done: threading.Event,
-                         every_s: float = 10.0) -> None:
-    """While an attach takes long (a cluster that does not answer as Ray expects retries for minutes),
-    the phase says what Ray's client last logged, every ``every_s`` seconds it has something new."""
-    said = ""
-    while not done.wait(every_s):
-        last = next((ln for ln in reversed(captured.peek().splitlines()) if ln.strip()), "")
-        last = re.sub(r"^\[[^\]]*\]\s*[\w.]+:\d+:\s*", "", last).strip()   # Ray's "[time W pid] file:line: "
-        if last and last != said:
-            said = last
-            _status.info(f"attaching to the Ray cluster at {address}, still; Ray's client says: {last[:200]}")
-
-
-class _Captured:
-    text = ""
-    fd: int | None = None
-
-    def peek(self, limit: int = 65536) -> str:
-        """The end of what was captured so far, read without moving the capture's file offset."""
-        if self.fd is None:
-            return ""
-        try:
-            size = os.fstat(self.fd).st_size
-            return os.pread(self.fd, min(size, limit), max(0, size - limit)).decode(errors="replace")
-        except OSError:
-            return ""
-
-
-@contextlib.contextmanager
-def _stderr_captured():
-    """File descriptor 2 into a temporary file while attaching: Ray's C++ client logs every failed
-    GCS handshake there (about 20 lines of ``gcs_client.cc`` warnings for a missing token, issue 29),
-    bypassing Python's ``sys.stderr``. The caller decides what of it to show (``.text``)."""
-    cap = _Captured()
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as fh:
-        os.dup2(fh.fileno(), 2)
-        cap.fd = fh.fileno()
-        try:
-            yield cap
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            fh.seek(0)
-            cap.text = fh.read().decode(errors="replace")
-            cap.fd = None
-
-
-def _loopback_only() -> None:
-    """Make the embedded Ray listen on 127.0.0.1 only. Ray binds its servers (GCS, raylet, object
-    manager, workers) to the node IP, and resolves 127.0.0.1 to the machine's outward address unless
-    multi-node mode is off: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the default on macOS and
-    Windows). The variable is read when ray is imported, so the constant is set here as well; the
-    processes ray.init starts inherit the environment."""
-    import ray._private.ray_constants as rc
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    rc.ENABLE_RAY_CLUSTER = False
-
-
-# ---------------------------------------------------------------------- progress
-# Phases are named on this logger (an INFO record each; a WARNING is a note that stays on screen):
-# the command line prints them on stderr (archplace/cli/status.py), a library caller's logging decides.
-_status = logging.getLogger("archplace.status")
-
-# The run's clock: epoch seconds the run started. The command line sets its process start
-# (set_run_start), so the progress line, the summary's wall time and report.md count from the moment the
-# user pressed enter; None: each run counts from its own call.
-_RUN_START: float | None = None
-
-
-def set_run_start(epoch_s: float | None) -> None:
-    """The start of the run every elapsed time counts from (None: each run's own call)."""
-    global _RUN_START
-    _RUN_START = epoch_s
-
-
-def run_start() -> float:
-    return _RUN_START if _RUN_START is not None else time.time()
-
-
-# an ETA only once it means something: this many units done, and this share of them
-ETA_MIN_DONE, ETA_MIN_FRACTION = 2, 0.10
-
-
-class _Progress:
-    """The per-architecture progress line on stderr. The elapsed time counts from the run's start
-    (``start``, the command's process start from the CLI); the rate for the ETA from this line's own
-    start (the evaluations, not Ray's start-up), and an ETA is shown only after ``ETA_MIN_DONE``
-    results and ``ETA_MIN_FRACTION`` of the units (a batched trial's architectures arrive as one
-    result: its first batch alone says nothing of the rate). On a terminal the line is redrawn every
-    ``tick_s`` seconds even when nothing finished (the clock moves); elsewhere one line per result."""
-
-    def __init__(self, total: int, stream=None, start: float | None = None, unit: str = "architectures",
-                 tick_s: float = 5.0, phase: str | None = None) -> None:
-        # the phase this line shows, handed over: a status printer above stops redrawing its own line
-        _status.info(phase or f"evaluating {total} {unit}", extra={"handover": True})
-        self.total, self.done, self.failed, self.results = total, 0, 0, 0
-        self.start = run_start() if start is None else start
-        self.t_eval = time.time()
-        self.best = 0.0
-        self.unit = unit
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._lock = threading.Lock()
-        self._drawn = False
-        self._stop = threading.Event()
-        self._ticker = None
-        if self.tty:
-            self._ticker = threading.Thread(target=self._tick, args=(tick_s,), daemon=True,
-                                            name="archplace-progress")
-            self._ticker.start()
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def line(self) -> str:
-        width = 24
-        fill = int(width * self.done / max(self.total, 1))
-        eta = ""
-        if self.results >= ETA_MIN_DONE and ETA_MIN_FRACTION * self.total <= self.done < self.total:
-            rate = (time.time() - self.t_eval) / self.done
-            eta = f"  ETA {_hms(rate * (self.total - self.done))}"
-        best = f"  best avg {self.best:,.1f} samples/s" if self.done else ""
-        return (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {self.unit}  "
-                f"elapsed {_hms(self.elapsed())}{eta}{best}"
-                + (f"  failed {self.failed}" if self.failed else ""))
-
-    def _draw(self) -> None:
-        try:
-            self.stream.write(("\r" + self.line() + "\x1b[K") if self.tty else self.line() + "\n")
-            self.stream.flush()
-            self._drawn = True
-        except (OSError, ValueError):   # stderr went away: the search goes on without its line
-            self._stop.set()
-
-    def _tick(self, tick_s: float) -> None:
-        self._draw_locked()
-        while not self._stop.wait(tick_s):
-            self._draw_locked()
-
-    def _draw_locked(self) -> None:
-        with self._lock:
-            if not self._stop.is_set():
-                self._draw()
-
-    def update(self, value: float | None, failed: bool = False) -> None:
-        self.update_many([value], failed)
-
-    def update_many(self, values: list[float | None], failed: bool = False) -> None:
-        """One result of one or more units (a batched trial's architectures), drawn once."""
-        with self._lock:
-            self.done += len(values)
-            self.results += 1
-            self.failed += len(values) if failed else 0
-            for v in values:
-                if v is not None:
-                    self.best = max(self.best, v)
-            self._draw()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=1.0)
-        with self._lock:
-            if self.tty and self._drawn:
-                try:
-                    self.stream.write("\n")
-                    self.stream.flush()
-                except (OSError, ValueError):
-                    pass
-
-
-def _hms(s: float) -> str:
-    s = int(round(max(s, 0.0)))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 # Tune pickles its stopper and callbacks with the experiment state, and a caller's Event or progress
@@ -738,7 +479,7 @@ def _run_locked(settings: SearchSettings, store: ResultStore, *, searcher: str, 
     store.write_meta(meta)
     stats: dict[str, Any] = {"resumed": len(kept), "retried": len(retry), "new_trials": 0}
     if remaining > 0:
-        if float(ray.cluster_resources().get("CPU", 0.0)) < 1:
+        if ray.is_initialized() and float(ray.cluster_resources().get("CPU", 0.0)) < 1:
             _status.info(f"waiting for the cluster's first CPU (at most --wait-timeout {wait_timeout_s:g} s)")
         wait_for_cpus(wait_timeout_s)
         space = enumerate_space(settings.space)
