@@ -161,14 +161,51 @@ def serve_forever(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    print("shutting down", file=sys.stderr, flush=True)
+    _say("shutting down")
+    if _ray_gone():
+        # a SIGTERM or Ctrl-C to the whole process group (a terminal, systemd, docker stop) stopped the
+        # embedded Ray's processes too: Serve's shutdown would wait 30 s for a dead controller, then 30 s
+        # for the port, and Ray's client a minute more for its GCS, printing errors
+        _say("Ray's processes were stopped with this one: nothing left to shut down")
+        return 0
     from ray import serve
 
     serve.shutdown()
     # exit only once the proxy has let go of the port, so a restart on it can bind at once
     if not wait_port_free(cfg.host, cfg.port, timeout_s=30):
-        print(f"warning: --port {cfg.port} still in use 30 s after shutdown", file=sys.stderr, flush=True)
+        _say(f"warning: --port {cfg.port} still in use 30 s after shutdown")
     return 0
+
+
+def _ray_gone(wait_s: float = 1.0) -> bool:
+    """Whether the Ray this command started (not a cluster it attached to) has lost a process: a
+    signal to the process group reaches them as well, and they may take a moment to go."""
+    import time
+
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is None or not node.all_processes:
+            return False
+        deadline = time.monotonic() + wait_s
+        while not node.dead_processes():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+    except Exception:  # noqa: BLE001 - Ray's internals moved: shut down as before
+        return False
+
+
+def _say(text: str) -> None:
+    """A line on stderr while shutting down; a stderr whose reader has gone (a closed pipe, a parent
+    that exited) must not stop the shutdown: the error skipped Serve's shutdown, and Ray's exit then
+    took a minute of GCS errors."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def parser() -> argparse.ArgumentParser:
