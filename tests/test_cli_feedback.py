@@ -261,9 +261,12 @@ def test_serve_db_in_a_missing_folder_exits_2_and_creates_nothing(tmp_path):
     assert run.stderr.splitlines()[-1] == (f"archplace serve: error: --db {missing / 'service.db'}: the "
                                            f"folder {missing} does not exist; create it first, or give a "
                                            "database in an existing folder (nothing was created)")
-    token = _run("serve", "token", "create", "alice", "--db", f"sqlite:///{missing}/t.db", timeout=120)
-    assert token.returncode == 2 and "does not exist" in token.stderr
+    url = _run("serve", "--db", f"sqlite:///{missing}/s.db", "--port", str(_free_port()), timeout=120)
+    assert url.returncode == 2 and "does not exist" in url.stderr
     assert not (tmp_path / "no").exists()
+    # the first token sets a service up: it makes the folder, and says so
+    token = _run("serve", "token", "create", "alice", "--db", str(missing / "t.db"), timeout=120)
+    assert token.returncode == 0 and f"note: creating the folder {missing} for the database" in token.stderr
 
 
 def test_unreachable_address_leaves_no_out(tmp_path):

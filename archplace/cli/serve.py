@@ -69,20 +69,25 @@ def add_parser(sub) -> None:
     tok.add_argument("--db", dest="token_db", default=None)
 
 
-def check_db_folder(db: str | None) -> None:
-    """An explicit ``--db`` file must be in a folder that exists: the service creates the database
-    file, never the folders above it (a typo would otherwise leave a new tree anywhere). Said in one
-    line before anything is created or started; the default database's folder is created."""
+def db_folder(db: str | None) -> Path | None:
+    """The folder of an explicit SQLite ``--db`` (None for the default database or another kind)."""
     if db is None:
-        return
+        return None
     text = str(db)
     if "://" in text:
         if not text.startswith("sqlite:///") or text == "sqlite:///:memory:":
-            return   # another database: its server says what is wrong
+            return None   # another database: its server says what is wrong
         text = text[len("sqlite:///"):]
     path = Path(text).expanduser()
-    parent = path.parent if path.parent != Path("") else Path(".")
-    if not parent.is_dir():
+    return path.parent if path.parent != Path("") else Path(".")
+
+
+def check_db_folder(db: str | None) -> None:
+    """``serve --db`` must name a file in a folder that exists: the service creates the database file,
+    never the folders above it (a typo would leave a new tree anywhere, and a service running on it).
+    Said in one line before anything is created or started; the default database's folder is made."""
+    parent = db_folder(db)
+    if parent is not None and not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise ValueError(f"--db {db}: the folder {parent} {what}; create it first, or give a database in "
                          "an existing folder (nothing was created)")
@@ -90,13 +95,17 @@ def check_db_folder(db: str | None) -> None:
 
 def run(args) -> int:
     """Returns the exit status; errors are one line on stderr, as everywhere in the CLI."""
-    check_db_folder(getattr(args, "token_db", None) or args.db)
+    if args.serve_command != "token":
+        check_db_folder(args.db)
     from archplace.service.auth import create_token, revoke_tokens
     from archplace.service.db import make_engine
     from archplace.service.deployment import secure_db_file
 
     if args.serve_command == "token":
         db = args.token_db or args.db or default_db()
+        parent = db_folder(args.token_db or args.db)
+        if parent is not None and not parent.exists():   # the first token sets a service up: said, though
+            print(f"note: creating the folder {parent} for the database", file=sys.stderr)
         secure_db_file(db)  # the first token usually creates the database: 0600 from the start
         engine = make_engine(db)
         if args.action == "create":
