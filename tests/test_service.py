@@ -233,6 +233,7 @@ def _load(svc, study: str, clients: int, rounds: int, disturb, after_done: int):
         assert rows[n]["state"] == "COMPLETED" and rows[n]["value"] == v and rows[n]["arch_index"] == a
 
 
+@pytest.mark.system   # a Serve restart under load (about 1 min): make test-system
 def test_service_restart_mid_load_loses_nothing(svc):
     """``_load`` with a restart of the whole Serve instance (proxy included) once 16 trials are
     complete. A completed operation survives; one submitted just before the restart is adopted and run

@@ -630,6 +630,7 @@ def _check(case: Case, r: requests.Response) -> str | None:
     return None
 
 
+@pytest.mark.system   # about 1.5 min of fuzzed requests against a served app: make test-system
 def test_malformed_requests_get_json_4xx_and_change_nothing(svc):
     from archplace.service.auth import create_token, revoke_tokens
     from archplace.service.db import make_engine

@@ -15,6 +15,7 @@ from archplace.cli import main
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.system   # a Tune sweep of its own (about 2 min): make test-system
 def test_asha_sweep_stops_trials_early_and_writes_the_best_config(ray_session, tmp_path, capsys):
     out = tmp_path / "sweep"
     # one trial at a time (the limit must reach the seeded generator: Tune drops max_concurrent_trials
