@@ -140,8 +140,14 @@ def capture_family(row: dict, seq: int, depth: int, workdir: Path, probe: bool =
     if completed:
         out["config_completed"] = completed
 
+    # the fields a config must give (archplace refuses a config without them rather than take
+    # transformers' defaults silently): the class's own defaults, in the class's own spelling
+    from archplace.workloads.hf_config import REQUIRED_FIELDS
+    names = {n for std, aliases in REQUIRED_FIELDS.items() for n in (std, *aliases)}
+    required = {k: v for k, v in defaults.items() if k in names and v is not None}
+
     def write(cut: bool) -> None:
-        d = {"architectures": [row["model_class"]], "model_type": row["family"], **completed,
+        d = {"architectures": [row["model_class"]], "model_type": row["family"], **required, **completed,
              **(caps if cut else {}), **(lists if cut else {})}
         path.write_text(json.dumps(d))
         out["depth_overrides"] = caps if cut else {}
