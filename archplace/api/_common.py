@@ -7,7 +7,7 @@ import dataclasses
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,24 @@ def check_optional_str(field: str, v: Any) -> None:
         raise invalid(field, f"must be a non-empty string (a path) or None, got {v!r}")
 
 
-def _bundled(name: str) -> bool:
+def check_gpu(field: str, gpu: Any, presets: Sequence[str], nvlink: bool = False) -> None:
+    """A GPU preset among ``presets``, or the ``.json`` file of a user's GPU, read and checked (with
+    ``nvlink`` it must have NVLink: a server of 8); a bad file names its field in one line."""
+    from ..hardware.gpus import GPUS, is_gpu_file, load_gpu_file
+
+    if not is_gpu_file(gpu):
+        check_choice(field, gpu, tuple(presets))
+        return
+    try:
+        spec = load_gpu_file(gpu)
+    except ValueError as e:
+        raise invalid(field, str(e)) from None
+    if nvlink and not spec.nvlink_bytes_per_s > 0:
+        raise invalid(field, f"gpu {gpu!r} has no NVLink; a server of 8 needs it (presets with it: "
+                             f"{sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)})")
+
+
+def is_bundled_graph(name: str) -> bool:
     """A bundled dnn-partitioning graph's name (``gnmt_training``), as ``load_graph`` reads it."""
     from ..workloads.dnn_partitioning import resolve_graph_file
 
@@ -94,12 +111,12 @@ def check_model(model: Any, files: bool) -> None:
         raise invalid("model", f"must be a model preset name{' or a graph file path' if files else ''}, "
                                f"got {model!r}")
     if files and model.endswith((".json", ".parquet")) and not model.startswith("hf:"):
-        if not Path(model).exists() and not (model.endswith(".json") and _bundled(model)):
+        if not Path(model).exists() and not (model.endswith(".json") and is_bundled_graph(model)):
             raise ValueError(f"graph file {model!r} does not exist")
         return
     from ..workloads.models import PRESETS, preset
 
-    if files and model not in PRESETS and _bundled(model):
+    if files and model not in PRESETS and is_bundled_graph(model):
         return
 
     preset(model)  # "unknown model 'x'; known models: [...]"; an hf: config is read and checked

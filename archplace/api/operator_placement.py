@@ -30,6 +30,7 @@ from ._common import (
     Steps,
     check_bool,
     check_choice,
+    check_gpu,
     check_int,
     check_optional_str,
     invalid,
@@ -94,16 +95,9 @@ class PlaceOpsRequest(Request):
             raise invalid("model", f"is {self.model!r}; allowed: {sorted(GDP_PRESETS)}")
         check_int("devices", self.devices, 1, 64, optional=True)
         check_choice("algo", self.algo, PLACE_OPS_ALGOS)
-        from ..hardware.gpus import check_gpu, is_gpu_file
         from .pipelining import check_gpu_fields
 
-        if is_gpu_file(self.machine):   # N of the user's GPU on NVLink
-            try:
-                check_gpu("machine", self.machine)
-            except ValueError as e:
-                raise invalid("machine", str(e).removeprefix("machine: ")) from None
-        else:
-            check_choice("machine", self.machine, MACHINES)
+        check_gpu("machine", self.machine, MACHINES)   # a file: N of the user's GPU on NVLink
 
         check_gpu_fields(None, self.op_model, self.dtype, self.profile)
         check_int("batch", self.batch, optional=True)

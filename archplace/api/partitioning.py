@@ -22,6 +22,7 @@ from ._common import (
     check_model,
     check_optional_str,
     invalid,
+    is_bundled_graph,
     is_int,
     require_ray,
 )
@@ -149,10 +150,7 @@ def partition(req: PartitionRequest, *, progress: ProgressFn | None = None,
         require_ray("partition algo 'ppo'")
     steps = Steps("partition", progress, cancel)
     t0 = time.perf_counter()
-    from ..workloads.byom import is_hf_ref
-    from ..workloads.models import PRESETS
-
-    if req.model.endswith((".json", ".parquet")) or (req.model not in PRESETS and not is_hf_ref(req.model)):
+    if req.model.endswith((".json", ".parquet")) or is_bundled_graph(req.model):
         g = load_graph(req.model, req.seq, req.mbs, 1, training=False)   # a file or a bundled graph's name
     else:  # the MCM chiplets are int8 edge TPUs: one byte per element
         from ..workloads.models import build_graph

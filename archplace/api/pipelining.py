@@ -21,6 +21,7 @@ from ._common import (
     Result,
     Steps,
     check_choice,
+    check_gpu,
     check_int,
     check_model,
     check_optional_str,
@@ -114,16 +115,10 @@ def check_gpu_fields(gpu, op_model, dtype, profile, gpu_field: str = "gpu", gpus
                      ) -> None:
     """The GPU (preset or .json file), op model, dtype and profile fields shared by ``pipeline`` and
     ``place-ops``; ``gpus`` restricts the presets (a file is checked by its fields)."""
-    from ..hardware.gpus import DTYPES, GPUS, check_gpu, is_gpu_file
+    from ..hardware.gpus import DTYPES, GPUS
     if gpu is not None:
-        if is_gpu_file(gpu):
-            try:
-                check_gpu(gpu_field, gpu, nvlink=nvlink)
-            except ValueError as e:
-                raise invalid(gpu_field, str(e).removeprefix(f"{gpu_field}: ")) from None
-        else:
-            allowed = gpus or sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0 or not nvlink)
-            check_choice(gpu_field, gpu, tuple(allowed))
+        presets = gpus or sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0 or not nvlink)
+        check_gpu(gpu_field, gpu, presets, nvlink=nvlink)
     if op_model is not None:
         check_choice("op_model", op_model, OP_MODELS)
     if dtype is not None:

@@ -24,6 +24,7 @@ from ._common import (
     Steps,
     check_bool,
     check_choice,
+    check_gpu,
     check_int,
     check_positive_number,
     invalid,
@@ -64,15 +65,9 @@ class ShardRequest(Request):
         check_bool("data_parallel", self.data_parallel)
         check_int("seq", self.seq, low=1, optional=True)
         check_int("batch", self.batch, low=1)
-        from ..hardware.gpus import GPUS, check_gpu, is_gpu_file
+        from ..hardware.gpus import GPUS
 
-        if is_gpu_file(self.gpu):
-            try:
-                check_gpu("gpu", self.gpu)
-            except ValueError as e:
-                raise invalid("gpu", str(e).removeprefix("gpu: ")) from None
-        else:
-            check_choice("gpu", self.gpu, tuple(sorted(GPUS)))
+        check_gpu("gpu", self.gpu, sorted(GPUS))
         check_choice("dtype", self.dtype, SHARD_DTYPES)
         check_int("budget", self.budget, low=1, optional=True)
         check_positive_number("max_deterministic_s", self.max_deterministic_s)

@@ -180,16 +180,3 @@ def gpu_spec(name: str) -> GPUSpec:
     except (KeyError, TypeError):
         raise ValueError(f"gpu is {name!r}; allowed: {sorted(GPUS)} or a .json file of a GPU's "
                          "fields") from None
-
-
-def check_gpu(field_name: str, name: object, nvlink: bool = False) -> GPUSpec:
-    """``name`` as a GPU (preset or file) for a request's ``field_name``; with ``nvlink`` it must have
-    NVLink (a pipeline server of 8). Raises ValueError naming the field."""
-    try:
-        spec = gpu_spec(name)  # type: ignore[arg-type]
-    except ValueError as e:
-        raise ValueError(f"{field_name}: {e}") from None
-    if nvlink and not spec.nvlink_bytes_per_s > 0:
-        raise ValueError(f"{field_name}: gpu {name!r} has no NVLink; a server of 8 needs it (presets with "
-                         f"it: {sorted(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)})")
-    return spec
