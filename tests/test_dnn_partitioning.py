@@ -302,3 +302,32 @@ def test_expert_split_bad(tmp_path: Path):
     s.accs = [[1, 2]]
     with pytest.raises(ValueError, match=r"node 17 \(c\) is placed on no device"):
         s.device_array(g)
+
+
+def test_bundled_graphs_are_named_by_their_stem(tmp_path):
+    """``archplace solve-dp gnmt_training`` from any folder: a bare stem is the layer graph, a folder
+    prefix picks the operator graph, an existing path wins over a bundled name, an unknown name is None."""
+    from archplace.api.graphs import load_graph
+    from archplace.workloads.dnn_partitioning import DATA_DIR, load_dnn_partitioning, resolve_graph_file
+
+    inputs = DATA_DIR / "throughput-inputs"
+    assert resolve_graph_file("gnmt_training") == inputs / "LayerGraphs" / "gnmt_training.json"
+    assert resolve_graph_file("gnmt_training.json") == inputs / "LayerGraphs" / "gnmt_training.json"
+    assert resolve_graph_file("resnet50_training") == inputs / "LayerGraphs" / "resnet50_training.json"
+    assert resolve_graph_file("OperatorGraphs/resnet50_training") == \
+        inputs / "OperatorGraphs" / "resnet50_training.json"
+    assert resolve_graph_file("bert_l-3_training") == inputs / "OperatorGraphs" / "bert_l-3_training.json"
+    assert resolve_graph_file("no_such_graph") is None
+    own = tmp_path / "gnmt_training.json"
+    own.write_text((inputs / "LayerGraphs" / "bert24_inference.json").read_text())
+    assert resolve_graph_file(str(own)) == own
+    g = load_graph("bert24_inference", None, None, 1)
+    ref = load_dnn_partitioning(inputs / "LayerGraphs" / "bert24_inference.json")
+    assert g.num_nodes == ref.num_nodes == 32 and g.num_edges == ref.num_edges
+
+
+def test_solve_dp_refuses_an_unknown_name_listing_the_bundled_ones():
+    from archplace import api
+
+    with pytest.raises(ValueError, match="'no_such_graph' does not exist and is not a bundled graph .*gnmt_"):
+        api.SolveDpRequest("no_such_graph").validate()
