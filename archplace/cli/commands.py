@@ -2,9 +2,9 @@
 object with ``--json``. Bad input ends with a one-line error and exit status 2, never a traceback.
 
 The top floor of the package: each command group lives in its own module (``graphs``, ``placement``,
-``searching``, ``operator_placement``, ``partitioning``, ``pipelining``, ``tune_rl``, ``serve``), a thin
-layer over ``archplace.api`` (``archplace.service`` for ``serve``). This module puts them in one parser
-and turns errors into one-line messages."""
+``searching``, ``operator_placement``, ``partitioning``, ``pipelining``, ``tune_rl``, ``planning``,
+``serve``), a thin layer over ``archplace.api`` (``archplace.service`` for ``serve``). This module puts
+them in one parser and turns errors into one-line messages."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from archplace.cli import (
     partitioning,
     pipelining,
     placement,
+    planning,
     profiling,
     searching,
     serve,
@@ -47,7 +48,7 @@ COMMANDS = {command: _entry(module, command) for command, module in (
     ("models", graphs), ("graph", graphs), ("estimate", graphs), ("place", placement),
     ("solve-dp", placement), ("search", searching), ("place-ops", operator_placement),
     ("partition", partitioning), ("tune-rl", tune_rl), ("pipeline", pipelining), ("profile", profiling),
-    ("report", searching), ("shard", sharding))}
+    ("report", searching), ("shard", sharding), ("plan", planning))}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -200,6 +200,8 @@ class Status:
         if not self.enabled or self._stop.is_set():
             return
         with self._lock:
+            if text == self._phase and not handover:
+                return      # the same phase again (a graph read from the cache per timing): one line
             self._phase = text
             self._paused = False
             if self._visible:
