@@ -21,6 +21,7 @@ from ._common import (
     Request,
     Result,
     Steps,
+    check_bool,
     check_choice,
     check_gpu,
     check_int,
@@ -87,6 +88,7 @@ class PlanRequest(Request):
     top_k: int = 5
     max_mbs: int = 8                   # the largest micro-batch tried (powers of two)
     op_model: str = "calibrated"
+    overlap: bool = True               # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
 
     def validate(self) -> None:
         from ..hardware.gpu_cluster_space import NETWORKS
@@ -112,6 +114,7 @@ class PlanRequest(Request):
         check_int("top_k", self.top_k, high=100)
         check_int("max_mbs", self.max_mbs, high=1024)
         check_choice("op_model", self.op_model, OP_MODELS)
+        check_bool("overlap", self.overlap)
         fx = self.fixed or {}
         if not isinstance(fx, dict):
             raise invalid("fixed", f"must be a dict of knob values, got {fx!r}")
@@ -155,7 +158,31 @@ class PlanResult(Result):
     timed: int                         # distinct (tp, mbs, tokens per rank, attention) layer timings
     price: dict[str, Any] | None       # usd_per_gpu_hour, basis (listed or built), source (None: unpriced)
     fixed: dict[str, Any] = field(default_factory=dict)
+    overlap: bool = True
+    assumptions: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+
+
+def assumptions(overlap: bool) -> list[str]:
+    """What the step and memory models take for granted (the JSON's ``assumptions``)."""
+    out = [
+        "per-layer op times of one GPU from the op model (calibrated: H200 micro-benchmarks scaled by the "
+        "GPU's peaks); bf16 weights and activations; Adam with fp32 master weights and moments",
+        "tensor-parallel collectives as ring all-reduces over NVLink; pipeline sends scatter/gathered over "
+        "the network; data-parallel ring over d x cp ranks in Megatron's rank order (tensor, context, data, "
+        "pipeline)",
+        "1F1B pipeline (interleaved with v chunks), uneven first and last stages where faster; activation "
+        "memory by Korthikanti et al. 2022's counts; nothing counted for the CUDA context, workspaces or "
+        "fragmentation (fits is necessary, not sufficient)",
+    ]
+    if overlap:
+        out.append("overlap on: backward tensor-parallel all-reduces behind the weight-gradient GEMMs; the "
+                   "data-parallel reduce behind the stage's last backward and the weight gather behind the "
+                   "next forward (Megatron's --overlap-grad-reduce/--overlap-param-gather), ZeRO 3's per "
+                   "layer behind its pass (FSDP prefetch)")
+    else:
+        out.append("overlap off: every collective on the critical path (Megatron-LM 2021's local DDP)")
+    return out
 
 
 def _cluster(req: PlanRequest):
@@ -276,7 +303,7 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
     try:
         fields = transformer_fields(req.model)
     except ValueError as e:
-        raise invalid("model", str(e)) from None
+        raise invalid("model", str(e).removeprefix("model ")) from None
     seq = req.seq or int(fields["max_positions"] or 2048)
     if fields["max_positions"] and seq > fields["max_positions"]:
         raise invalid("seq", f"{seq} exceeds {req.model}'s {fields['max_positions']} positions")
@@ -295,7 +322,7 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
     space = _space(req, shape, seq, cluster.gpus_per_node)
     res = search(shape, costs, cluster, seq=seq, global_batch=req.global_batch, space=space,
                  optimizer=req.optimizer, grad_bytes=grad_reduce_bytes_per_param(req.grad_reduce_dtype),
-                 top_k=req.top_k)
+                 top_k=req.top_k, overlap=req.overlap)
     # model FLOPs per token (PaLM, Chowdhery et al. 2022, App. B): 6 N + 12 L h s
     lt1 = costs(1, 1, seq, "sdpa")
     n_params = float(lt1.params.sum() - lt1.shared_params)
@@ -326,4 +353,5 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
         grad_reduce_dtype=req.grad_reduce_dtype,
         op_model=req.op_model, fits=bool(top), reason=reason, best=top[0] if top else None, top=top,
         evaluated=res.evaluated, pruned=res.pruned, invalid=res.invalid, splits_priced=res.splits_priced,
-        timed=res.captured, price=price, fixed=dict(req.fixed or {}), wall_s=time.perf_counter() - t0)
+        timed=res.captured, price=price, fixed=dict(req.fixed or {}), overlap=req.overlap,
+        assumptions=assumptions(req.overlap), wall_s=time.perf_counter() - t0)

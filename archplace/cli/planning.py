@@ -28,7 +28,7 @@ def cmd_plan(args) -> dict[str, Any]:
                       gpus_per_node=args.gpus_per_node, network=args.network, instance=args.instance,
                       seq=args.seq, optimizer=args.optimizer, grad_reduce_dtype=args.grad_reduce_dtype,
                       fixed=parse_fixed(args.fixed) or None, top_k=args.top, max_mbs=args.max_mbs,
-                      op_model=args.op_model)
+                      op_model=args.op_model, overlap=not args.no_overlap)
     status.phase(f"planning {req.model} on {args.devices} GPUs")
     res = plan(req).to_dict()
     res[BUDGETS_KEY] = budgets()   # exhaustive: every configuration is priced or bounded
@@ -73,8 +73,9 @@ def print_plan(res: dict[str, Any]) -> None:
               f"{c['mfu']:6.1%} {c['memory_per_gpu_bytes'] / 1024 ** 3:8.1f}{cost}")
     b = res["best"]
     t, mem = b["time"], b["memory"]
-    print(f"  best: layers per stage {_stages(b['layers_per_stage'])}, {b['microbatches']} micro-batches per "
-          f"pipeline; pipeline {t['pipeline_s']:.2f} s (bubble {t['bubble_s']:.2f}), gradient sync "
+    print(f"  best: layers per stage {_stages(b['layers_per_stage'])}, {b['microbatches']} micro-batch"
+          f"{'es' if b['microbatches'] > 1 else ''} per pipeline; pipeline {t['pipeline_s']:.2f} s (bubble "
+          f"{t['bubble_s']:.2f}), gradient sync "
           f"{t['dp_sync_s']:.2f} s, optimizer {t['optimizer_s']:.3f} s; memory "
           f"{fmt_bytes(mem['total_bytes'])} on stage {mem['stage']} (weights "
           f"{fmt_bytes(mem['weight_bytes'])},"
@@ -83,8 +84,8 @@ def print_plan(res: dict[str, Any]) -> None:
         print(f"  note: {note}")
     if res["price"]:
         p = res["price"]
-        print(f"  price: ${b['usd_per_hour']:,.0f}/h at ${p['usd_per_gpu_hour']:.2f}/GPU-h ({p['instance']}, "
-              f"{p['provider']} {p['region']}{', derived' if p['derived'] else ''})")
+        print(f"  price: ${b['usd_per_hour']:,.0f}/h at ${p['usd_per_gpu_hour']:.2f}/GPU-h ({p['basis']}; "
+              f"{p['provider']} {p['region']}, {p['date']})")
     if res.get("exported"):
         print(f"  {res['exported']['format']} launch files: {', '.join(res['exported']['files'])}")
 
@@ -133,6 +134,10 @@ def add_plan_parser(sub) -> None:
                    help="the largest micro-batch tried, powers of two (default 8)")
     p.add_argument("--op-model", choices=OP_MODELS, default="calibrated",
                    help="op times: calibrated (default, H200 micro-benchmarks scaled to the GPU) or roofline")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="every collective on the critical path (default: backward tensor-parallel "
+                        "all-reduces and data-parallel collectives overlap compute, as Megatron-LM and FSDP "
+                        "run them)")
     p.add_argument("--export", choices=EXPORTS, default=None,
                    help="write the best configuration's launch files for this framework to --out")
     p.add_argument("--out", default=None, metavar="DIR", help="--export: the folder for the launch files")

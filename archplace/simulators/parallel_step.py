@@ -219,6 +219,21 @@ def stage_sums(per_block: np.ndarray, splits: list[Split]) -> np.ndarray:
     return pre[ends] - pre[starts]
 
 
+def dp_sync_parts_s(params, *, zero: int, ranks: int, grad_bytes: int, bytes_per_s: float,
+                    param_bytes: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves of :func:`dp_sync_s` per stage (arrays broadcast over ``params``): what reduces the
+    gradients (the all-reduce, or the reduce-scatter), which can run behind the last backward, and what
+    gathers the updated weights (ZeRO 1, 2), which can run behind the next forward."""
+    p = np.asarray(params, float)
+    zero_arr = np.zeros_like(p)
+    if ranks == 1 or zero == 3:
+        return zero_arr, zero_arr
+    if zero == 0:
+        return np.asarray(collectives.allreduce_s(p * grad_bytes, ranks, bytes_per_s)) + zero_arr, zero_arr
+    return (np.asarray(collectives.reduce_scatter_s(p * grad_bytes, ranks, bytes_per_s)) + zero_arr,
+            np.asarray(collectives.allgather_s(p * param_bytes, ranks, bytes_per_s)) + zero_arr)
+
+
 def dp_sync_s(params: float, *, zero: int, ranks: int, grad_bytes: int, bytes_per_s: float,
               param_bytes: int = 2) -> float:
     """The data-parallel gradient sync after the flush: a ring all-reduce of the gradients (ZeRO 0), a
@@ -233,16 +248,19 @@ def dp_sync_s(params: float, *, zero: int, ranks: int, grad_bytes: int, bytes_pe
 
 
 def zero3_stage_s(forward_s, backward_s, params, *, ranks: int, grad_bytes: int, bytes_per_s: float,
-                  param_bytes: int = 2):
+                  param_bytes: int = 2, overlap: bool = True):
     """One micro-batch through a stage under FSDP (ZeRO 3): its weights are gathered layer by layer for the
     forward, gathered again for the backward and their gradients reduce-scattered, each prefetched behind
     the pass's compute (FSDP's forward and backward prefetch): the forward takes ``max(forward, gather)``,
-    the backward ``max(backward, gather + reduce-scatter)``. Arrays broadcast."""
+    the backward ``max(backward, gather + reduce-scatter)``; without ``overlap`` each adds. Arrays
+    broadcast."""
     fwd, bwd = np.asarray(forward_s, float), np.asarray(backward_s, float)
     if ranks == 1:
         return fwd + bwd
     ag = collectives.allgather_s(np.asarray(params, float) * param_bytes, ranks, bytes_per_s)
     rs = collectives.reduce_scatter_s(np.asarray(params, float) * grad_bytes, ranks, bytes_per_s)
+    if not overlap:
+        return fwd + bwd + 2 * ag + rs
     return np.maximum(fwd, ag) + np.maximum(bwd, ag + rs)
 
 

@@ -116,9 +116,12 @@ class SearchResult:
 
 def search(shape: tm.TransformerShape, costs: Callable[[int, int, int, str], ps.LayerTimes], cluster: Cluster,
            *, seq: int, global_batch: int, space: Space, optimizer: str = "adam", grad_bytes: int = 2,
-           top_k: int = 5) -> SearchResult:
+           top_k: int = 5, overlap: bool = True) -> SearchResult:
     """The ``top_k`` fastest configurations that fit (module docstring). ``costs(tp, mbs, seq_per_rank,
-    attention)`` gives the per-layer op times of one micro-batch on one GPU."""
+    attention)`` gives the per-layer op times of one micro-batch on one GPU. ``overlap``: the backward
+    tensor-parallel all-reduces run behind the weight-gradient GEMMs and the data-parallel collectives
+    behind the compute (Megatron-LM's defaults since 2021-22, FSDP's prefetch); off, every collective is
+    exposed (Megatron's 'local' DDP of Narayanan et al. 2021)."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k!r}")
     blocks = shape.layers
@@ -201,7 +204,7 @@ def search(shape: tm.TransformerShape, costs: Callable[[int, int, int, str], ps.
                                         kw = dict(seq=seq, global_batch=global_batch, tp=tp, cp=cp, pp=pp,
                                                   dp=dp, mbs=mbs, m=m, v=v, sp=sp, rec=rec, zero=zero,
                                                   attention=attention, splits=splits, grad_bytes=grad_bytes,
-                                                  bound=kth_best())
+                                                  bound=kth_best(), overlap=overlap)
                                         if key not in cache and twin is not None:
                                             # eager attention, not timed yet: its layers without their
                                             # attention core (the sdpa twin's) bound it from below
@@ -244,12 +247,13 @@ def _without_attention(lt: ps.LayerTimes) -> ps.LayerTimes:
 
 
 def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_batch, tp, cp, pp, dp, mbs, m,
-           v, sp, rec, zero, attention, splits, grad_bytes, bound, bound_only: bool = False
+           v, sp, rec, zero, attention, splits, grad_bytes, bound, overlap: bool = True,
+           bound_only: bool = False
            ) -> tuple[Candidate | bool | None, int]:
     """The fastest split of one configuration that fits (or the one with the least memory when none
     does); ``(None, 0)`` when the time bound says it cannot beat ``bound``; with ``bound_only``,
     ``(True, 0)`` when it may."""
-    knobs = ps.StepKnobs(tp=tp, cp=cp, sequence_parallel=sp, recompute=rec)
+    knobs = ps.StepKnobs(tp=tp, cp=cp, sequence_parallel=sp, recompute=rec, tp_bwd_overlap=overlap)
     kv_bytes = 2 * mbs * (seq / cp) * shape.kv_hidden / tp * tm.ACT_BYTES
     per_layer = ps.layer_microbatch_s(lt, knobs, links, cp_bytes_per_s=cp_bw, kv_bytes=kv_bytes)
     names = lt.names
@@ -296,17 +300,22 @@ def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_b
     mem = w + g + o + acts + temp
     worst = mem.max(axis=1)
     shards = dp * cp
+    # one micro-batch's forward per stage (the rest of the stage time is its backward)
+    fwd_layer = ps.layer_forward_s(lt, knobs, links, cp_bytes_per_s=cp_bw, kv_bytes=kv_bytes)
+    fwd_st = ps.stage_sums(fwd_layer[blocks_idx], splits) + p2p / 2
+    fwd_st[:, 0] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "embed")
+    fwd_st[:, -1] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "head")
+    bwd_st = st - fwd_st
     if zero == 3:
-        fwd_layer = ps.layer_forward_s(lt, knobs, links, cp_bytes_per_s=cp_bw, kv_bytes=kv_bytes)
-        fwd_blocks = fwd_layer[blocks_idx]
-        fwd_st = ps.stage_sums(fwd_blocks, splits) + p2p / 2
-        fwd_st[:, 0] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "embed")
-        fwd_st[:, -1] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "head")
-        st = ps.zero3_stage_s(fwd_st, st - fwd_st, params, ranks=shards, grad_bytes=grad_bytes,
-                              bytes_per_s=links.dp_bytes_per_s)
+        st = ps.zero3_stage_s(fwd_st, bwd_st, params, ranks=shards, grad_bytes=grad_bytes,
+                              bytes_per_s=links.dp_bytes_per_s, overlap=overlap)
     busiest = params.max(axis=1)
-    sync = np.array([ps.dp_sync_s(x, zero=zero, ranks=shards, grad_bytes=grad_bytes,
-                                  bytes_per_s=links.dp_bytes_per_s) for x in busiest])
+    reduce, gather = ps.dp_sync_parts_s(params, zero=zero, ranks=shards, grad_bytes=grad_bytes,
+                                        bytes_per_s=links.dp_bytes_per_s)
+    if overlap:   # behind the stage's last backward, and the next forward
+        sync = (np.maximum(reduce - bwd_st, 0.0) + np.maximum(gather - fwd_st, 0.0)).max(axis=1)
+    else:
+        sync = (reduce + gather).max(axis=1)
     opt = busiest * opt_update / (shards if zero >= 1 else 1) / cluster.hbm_bytes_per_s
     smax, ssum = st.max(axis=1), st.sum(axis=1)
     pipe = (m - 1) * smax + ssum if v == 1 else m * smax + (ssum - smax) / v
@@ -322,7 +331,8 @@ def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_b
                             temporary_bytes=float(temp[i, k])).to_dict()
     memory["stage"] = k
     parts = {"pipeline_s": float(pipe[i]), "bubble_s": float(pipe[i] - m * smax[i]),
-             "dp_sync_s": float(sync[i]), "optimizer_s": float(opt[i]),
+             "dp_sync_s": float(sync[i]), "dp_comm_s": float((reduce + gather)[i].max()),
+             "optimizer_s": float(opt[i]),
              "stage_s": [float(x) for x in st[i]]}
     c = Candidate(knobs=dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=v, mbs=mbs, recompute=rec, sequence_parallel=sp,
                              zero=zero, attention=attention),
