@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel first, so no dependency pulls several GB of CUDA wheels
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,zigzag]"
+	$(BIN)/pip install -q -e ".[dev,zigzag,export-check]"
+	# torchtitan 0.2.2, the last release with TOML job files, for tests/test_plan_export.py: without its
+	# dependencies (datasets and its pins would downgrade huggingface_hub under transformers 5); the job-config
+	# parser needs only torch and tyro (export-check)
+	$(BIN)/pip install -q --no-deps torchtitan==0.2.2
 	touch $(STAMP)
 
 install: $(STAMP)
