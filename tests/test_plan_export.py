@@ -167,6 +167,9 @@ def test_megatron_options_follow_the_plan():
     assert o["--accumulate-allreduce-grads-in-fp32"] is True and o["--disable-bias-linear"] is True
     o = options(megatron_argv(llama_plan(), dict(LLAMA, rope_theta=500000, bias=True), **LLAMA_KW))
     assert o["--rotary-base"] == "500000" and "--disable-bias-linear" not in o
+    assert "--hidden-dropout" not in o
+    o = options(megatron_argv(llama_plan(), dict(LLAMA, dropout=False), **LLAMA_KW))
+    assert (o["--attention-dropout"], o["--hidden-dropout"]) == ("0.0", "0.0")
     with pytest.raises(ValueError, match="^grad_reduce_dtype: "):
         megatron_argv(gpt3_plan(), GPT3, **GPT3_KW, dtype="fp32")
     with pytest.raises(ValueError, match="^model.experts: "):
@@ -196,6 +199,9 @@ def _megatron_core_configs(argv: list[str], gpus: int):
     for k in ("recompute_granularity", "recompute_method", "normalization", "pipeline_model_parallel_layout"):
         if k in o:
             kw[k] = o[k]
+    for k in ("attention_dropout", "hidden_dropout"):
+        if k in o:
+            kw[k] = float(o[k])
     assert set(kw) <= set(fields), set(kw) - set(fields)
     kw["num_query_groups"] = int(o["num_query_groups"]) if o.get("group_query_attention") else None
     if o.get("swiglu"):
@@ -238,7 +244,8 @@ def test_megatron_core_accepts_the_arguments():
         (gpt3_plan(vp=3, layers_per_stage=[5, 7] + [6] * 14), GPT3, GPT3_KW),
         (llama_plan(), LLAMA, LLAMA_KW),
         (llama_plan(pp=1, cp=2, dp=4, layers_per_stage=[80], zero=2), LLAMA, LLAMA_KW),
-        (llama_plan(pp=1, dp=8, ep=2, layers_per_stage=[80], zero=1), dict(LLAMA, experts=16), LLAMA_KW),
+        (llama_plan(pp=1, dp=8, ep=2, layers_per_stage=[80], zero=1), dict(LLAMA, experts=16, dropout=False),
+         LLAMA_KW),
     ]
     seen = []
     for plan, model, kw in cases:

@@ -223,6 +223,8 @@ def megatron_argv(plan: dict, model: dict, *, gpus: int, gpus_per_node: int, opt
         a.append("--untie-embeddings-and-output-weights")
     if not _has_bias(model):
         a.append("--disable-bias-linear")
+    if model.get("dropout") is False:  # Megatron's default is 0.1 for both
+        a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if model["position"] == "rope" and model.get("rope_theta"):
         a += ["--rotary-base", int(model["rope_theta"])]
     if plan["recompute"] == "selective":
@@ -345,6 +347,8 @@ def torchtitan_config(plan: dict, model: dict, *, gpus: int, gpus_per_node: int,
     if model["tied_embeddings"]:
         notes.append("the plan ties the input and output embeddings; torchtitan's llama3 keeps them separate "
                      f"({model['vocab'] * model['hidden']:,} more parameters)")
+    if model.get("dropout"):
+        notes.append("the model uses dropout; torchtitan's llama3 has none")
     if plan["attention"] == "eager":
         notes.append("the plan uses eager attention; torchtitan's llama3 uses scaled_dot_product_attention")
     if grad_reduce_dtype != "fp32":
@@ -480,7 +484,8 @@ def export_plan(plan: dict, model: dict, *, fmt: str, gpus: int, gpus_per_node: 
     """{file name: file text} for launching ``plan`` with framework ``fmt`` (one of ``EXPORT_FORMATS``).
 
     ``plan`` holds ``PLAN_KEYS``, ``model`` ``MODEL_KEYS`` and optionally ``experts`` (needed when ep > 1),
-    ``bias`` (linear-layer biases; default: true unless ``gated_mlp``) and ``rope_theta``. Raises
+    ``bias`` (linear-layer biases; default: true unless ``gated_mlp``), ``dropout`` (bool; false turns
+    Megatron's default 0.1 off) and ``rope_theta``. Raises
     ValueError, one line naming the field, for a plan the framework cannot run."""
     _choice(fmt, "fmt", EXPORT_FORMATS)
     kw = dict(gpus=gpus, gpus_per_node=gpus_per_node, optimizer=optimizer, dtype=dtype,
