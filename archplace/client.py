@@ -229,6 +229,16 @@ class Client:
         """Operator sharding (OPP) or, with ``data_parallel=True``, ADP (``archplace shard``)."""
         return self._operation("/v1/shardings", {"model": model, **options}, wait, timeout_s)
 
+    def plan(
+        self, model: str, gpus: int, global_batch: int, wait: bool = True, timeout_s: float = 3600,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """The fastest way to train ``model`` on ``gpus`` GPUs (``archplace plan``); ``options``: gpu or
+        instance (one is required), gpus_per_node, network, seq, optimizer, grad_reduce_dtype, fixed,
+        top_k, max_mbs, op_model, overlap."""
+        body = {"model": model, "gpus": gpus, "global_batch": global_batch, **options}
+        return self._operation("/v1/plans", body, wait, timeout_s)
+
     def operation(self, op_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/operations/{op_id}")
 

@@ -42,6 +42,7 @@ from .operator_placement import PLACE_OPS_ALGOS, PlaceOpsRequest, PlaceOpsResult
 from .partitioning import PARTITION_ALGOS, PartitionRequest, PartitionResult, partition
 from .pipelining import PIPELINE_ALGOS, PipelineRequest, PipelineResult, pipeline
 from .placement import PlaceRequest, PlaceResult, SolveDpRequest, SolveDpResult, place, solve_dp
+from .planning import PlanRequest, PlanResult, plan
 from .profiling import (
     PROFILE_DEVICES,
     PROFILE_DTYPES,
@@ -59,8 +60,9 @@ __all__ = [
     "GraphRequest", "GraphResult", "InvalidRequest", "PartitionRequest", "PartitionResult",
     "PipelineRequest", "PipelineResult", "PROFILE_DEVICES", "PROFILE_DTYPES", "PROFILE_METHODS",
     "ProfileRequest", "ProfileResult", "profile",
-    "PlaceRequest", "PlaceResult", "ProgressFn", "SearchRequest",
+    "PlaceRequest", "PlaceResult", "PlanRequest", "PlanResult", "ProgressFn", "SearchRequest",
     "SearchResult", "SolveDpRequest", "SolveDpResult", "estimate", "from_hf_config", "from_module", "graph",
     "graph_summary",
-    "load_accelerator", "load_graph", "partition", "pipeline", "place", "search", "solve_dp", "strict_json",
+    "load_accelerator", "load_graph", "partition", "pipeline", "place", "plan", "search", "solve_dp",
+    "strict_json",
 ]

@@ -28,6 +28,7 @@ from .schemas import (
     Pareto,
     PartitionRequest,
     PipelineRequest,
+    PlanRequest,
     ShardRequest,
     Study,
     StudyCreate,
@@ -96,8 +97,8 @@ def create_app(state: ServiceState) -> FastAPI:
         title="archplace",
         version="1",
         description="Studies of accelerator architectures (ask/tell) and managed evaluations of "
-        "architectures and placements. Every request needs `Authorization: Bearer "
-        "TOKEN` unless the service runs with --auth none on 127.0.0.1.",
+        "architectures and placements, and training plans on GPUs. Every request needs "
+        "`Authorization: Bearer TOKEN` unless the service runs with --auth none on 127.0.0.1.",
     )
     # outermost: header limits, the token, the per-address cap and the body deadline, before any
     # of the body is read (http_guard.py)
@@ -251,6 +252,10 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/v1/shardings", response_model=Operation, status_code=202)
     def sharding(body: ShardRequest, who: Owner):
         return state.operations.create(who, "shard", body.model_dump(mode="json"))
+
+    @app.post("/v1/plans", response_model=Operation, status_code=202)
+    def plan(body: PlanRequest, who: Owner):
+        return state.operations.create(who, "plan", body.model_dump(mode="json"))
 
     @app.get("/v1/operations", response_model=OperationList)
     def list_operations(

@@ -118,6 +118,8 @@ def run_operation(kind: str, request: dict[str, Any]) -> dict[str, Any]:
         from archplace.api.sharding import ShardRequest, shard
 
         return shard(ShardRequest(**request)).to_dict()
+    if kind == "plan":
+        return api.plan(api.PlanRequest(**request)).to_dict()
     raise ValueError(f"operation kind {kind!r} unknown")
 
 

@@ -17,10 +17,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from ..api.planning import KNOB_NAMES as _PLAN_KNOBS
+from ..api.planning import instances as _plan_instances
+from ..hardware.gpu_cluster_space import NETWORKS
 from ..hardware.gpus import GPUS
 
 # the GPU presets a pipeline request may name: those with NVLink (a pipeline server is 8 GPUs on NVLink)
 GPU_NAMES = tuple(n for n, g in GPUS.items() if g.nvlink_bytes_per_s > 0)
+_PLAN_INSTANCES = tuple(_plan_instances())  # plan's cloud instance types (hardware.cluster_prices)
 
 LIMITS = {
     "body_bytes": 65_536,  # the whole request body
@@ -502,13 +506,70 @@ class ShardRequest(Strict):
         return self
 
 
+def _plan_models() -> list[str]:
+    """The models ``archplace plan`` takes: the presets with one stack of blocks (a config file,
+    ``hf:PATH``, is a client's file and not on the server)."""
+    from ..workloads.models import PRESETS
+
+    return sorted(n for n, p in PRESETS.items() if len(dict(p.stacks)) == 1)
+
+
+class PlanRequest(Strict):
+    """The fastest way to train a model on N GPUs (``archplace plan``): tensor, pipeline, data and
+    context parallel sizes, micro-batch, recomputation, sequence parallelism, ZeRO stage, attention.
+    ``gpu`` or ``instance`` is required; ``fixed`` holds knobs at a value (the rest are searched)."""
+
+    model: str
+    gpus: int = Field(ge=1, le=65_536)
+    global_batch: int = Field(ge=1, le=2**24)
+    gpu: Literal[GPU_NAMES] | None = None  # None: the instance's (a GPU file is not on the server)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)  # None: the instance's, else 8
+    network: Literal[tuple(NETWORKS)] | None = None  # None: the instance's, else the GPU's own NICs
+    instance: Literal[tuple(sorted(_PLAN_INSTANCES))] | None = None  # GPU, node, network and price
+    seq: int | None = Field(default=None, ge=1, le=2**20)  # None: the model's; at most its positions
+    optimizer: Literal["sgd", "adam", "adafactor"] = "adam"
+    grad_reduce_dtype: Literal["bf16", "fp32"] = "bf16"
+    fixed: dict[Literal[_PLAN_KNOBS], int | bool | str] | None = None
+    top_k: int = Field(default=5, ge=1, le=100)
+    max_mbs: int = Field(default=8, ge=1, le=1024)
+    op_model: Literal["calibrated", "roofline"] = "calibrated"
+    overlap: bool = True  # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        known = _plan_models()
+        if v not in known:
+            raise ValueError(f"model {v!r} is not a preset with one stack of blocks; allowed: {known}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlanRequest:
+        """The API's own checks (gpu or instance, the fixed knobs' values), and those ``plan`` makes
+        before its search (the instance's GPU, whole servers, the model's positions), before any work
+        starts."""
+        from ..api.planning import PlanRequest as ApiPlanRequest
+        from ..api.planning import _cluster
+        from ..workloads.models import PRESETS
+
+        req = ApiPlanRequest(**self.model_dump())
+        req.validate()
+        _, gpn, _, _ = _cluster(req)
+        if req.gpus % gpn and req.gpus > gpn:
+            raise ValueError(f"gpus {req.gpus} is not a whole number of servers of gpus_per_node {gpn}")
+        most = PRESETS[req.model].max_positions
+        if req.seq and most and req.seq > most:
+            raise ValueError(f"seq {req.seq} exceeds {req.model}'s {most} positions")
+        return self
+
+
 OperationState = Literal["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"]
 
 
 class Operation(BaseModel):
     id: str
     resource: str
-    kind: Literal["evaluate", "partition", "pipeline", "shard"]
+    kind: Literal["evaluate", "partition", "pipeline", "plan", "shard"]
     state: OperationState
     done: bool
     request: dict[str, Any]
