@@ -324,6 +324,29 @@ def test_operation_cancel_and_partition(svc):
     assert c.operation(long["id"])["error"].startswith("cancelled")
 
 
+def test_managed_plan_equals_plan(svc):
+    """``Client.plan`` waits for the ``POST /v1/plans`` operation, which a Ray task ran: the same answer
+    as ``api.plan`` (best knobs and step time), cached for the next equal request; a bad field is a
+    422 naming it."""
+    from archplace import api
+    from archplace.client import ServiceError
+
+    c = svc.client("alice")
+    op = c.plan("llama2-7b", 8, 64, gpu="a100-80gb", seq=2048, top_k=2, timeout_s=600)
+    assert op["state"] == "DONE" and op["kind"] == "plan", op
+    want = api.plan(api.PlanRequest(model="llama2-7b", gpus=8, global_batch=64, gpu="a100-80gb", seq=2048,
+                                    top_k=2)).to_dict()
+    got = op["result"]
+    assert got["best"]["step_time_s"] == want["best"]["step_time_s"]
+    assert {k: v for k, v in got.items() if k != "wall_s"} == json.loads(
+        json.dumps({k: v for k, v in want.items() if k != "wall_s"}))
+    again = c.plan("llama2-7b", 8, 64, gpu="a100-80gb", seq=2048, top_k=2)
+    assert again["cached"] and again["result"] == op["result"]
+    with pytest.raises(ServiceError) as e:
+        c.plan("llama2-7b", 8, 64, gpu="p100-pcie")
+    assert e.value.status == 422 and e.value.message.startswith("gpu:")
+
+
 def test_non_loopback_bind_without_auth_is_refused(tmp_path, capsys):
     from archplace.cli import main
     from archplace.service.deployment import ServeConfig, check_config
