@@ -244,3 +244,43 @@ def test_zero3_overlap_and_dp_sync_forms():
     assert float(red) == pytest.approx((d - 1) / d * 4 * P / bw) and float(gat) == pytest.approx(ag)
     assert ps.dp_sync_s(P, zero=3, ranks=d, grad_bytes=2, bytes_per_s=bw) == 0.0
     assert math.isclose(ps.dp_sync_s(P, zero=0, ranks=1, grad_bytes=2, bytes_per_s=bw), 0.0)
+
+
+@pytest.mark.parametrize("model,seq,tp", [("bert-base", 128, 2), ("opt-350m", 256, 4)])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_captured_blocks_time_every_copy_exactly(model, seq, tp, attention):
+    """plan times the captured blocks only (workloads.stack_truncate); mapped back, every layer's times,
+    collective bytes and parameters equal those of the full-depth graph."""
+    from archplace.hardware.gpus import gpu_spec
+    from archplace.simulators.gpu_ops import gpu_op_times
+    from archplace.workloads.backward import with_attention
+    from archplace.workloads.models import build_graph
+    from archplace.workloads.stack_truncate import truncate_to_captured
+
+    spec = gpu_spec("a100-80gb")
+    full_fwd = build_graph(model, seq=seq, mbs=2, tmp=tp, training=False)
+    cut, rep = truncate_to_captured(full_fwd)
+    assert len(cut.meta["layers"]) < len(full_fwd.meta["layers"])
+
+    def times(fwd):
+        g = with_attention(fwd, attention, sram_bytes=163 * 1024)
+        return ps.layer_times(g, gpu_op_times(g, spec, dtype="bf16", op_model="calibrated").time_s)
+
+    full, small = times(full_fwd), times(cut)
+    idx = [small.names.index(rep[n]) for n in full.names]
+    for f in ("fwd_s", "bwd_s", "attn_fwd_s", "attn_bwd_s", "replicated_fwd_s", "replicated_bwd_s",
+              "col_wgrad_s", "fwd_collective_bytes", "bwd_collective_bytes", "params"):
+        np.testing.assert_array_equal(getattr(full, f), getattr(small, f)[idx], err_msg=f)
+    assert full.shared_params == small.shared_params
+
+
+@pytest.mark.parametrize("model", ["gpt3-175b", "llama2-7b", "bert-large", "opt-350m", "gpt2-xl"])
+def test_preset_sizes_without_transformers_equal_the_config_classes(model, monkeypatch):
+    """transformer_fields reads a preset's dict with its family's defaults (no transformers import); the
+    defaults are the transformers config classes' own."""
+    from archplace.workloads import transformer_shape as T
+
+    fast = T.transformer_fields(model)
+    family = T.preset(model).family
+    monkeypatch.delitem(T.FAMILY_DEFAULTS, family)      # falls back to the transformers config class
+    assert T.transformer_fields(model) == fast

@@ -75,11 +75,12 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 def default_space(shape: tm.TransformerShape, *, gpus: int, gpus_per_node: int, seq: int,
                   global_batch: int, max_mbs: int = 8) -> Space:
     """Every knob value a run could use: tp up to a node dividing the query and KV heads; cp (powers of
-    two) keeping at least 1,024 tokens per rank; pp up to the layers; micro-batches that are powers of two
-    up to ``max_mbs``; v dividing the layers per stage."""
+    two) for long sequences, keeping at least 2,048 tokens per rank (``--fixed cp=N`` for others); pp up
+    to the layers; micro-batches that are powers of two up to ``max_mbs``; v dividing the layers per
+    stage, at most 8."""
     tp = tuple(t for t in powers_of_two(gpus_per_node) if shape.heads % t == 0 and shape.kv_heads % t == 0
                and t <= gpus)
-    cp = tuple(c for c in powers_of_two(gpus) if c == 1 or (seq % (2 * c) == 0 and seq // c >= 1024))
+    cp = tuple(c for c in powers_of_two(gpus) if c == 1 or (seq % (2 * c) == 0 and seq // c >= 2048))
     pp = tuple(p for p in range(1, shape.layers + 1) if gpus % p == 0)
     mbs = tuple(b for b in powers_of_two(max_mbs) if b <= global_batch)
     vp = tuple(v for v in range(1, shape.layers + 1) if shape.layers % v == 0 and v <= 8)
