@@ -132,6 +132,23 @@ class PlanRequest(Request):
         if "sequence_parallel" in fx and not isinstance(fx["sequence_parallel"], bool):
             raise invalid("fixed", "sequence_parallel must be true or false, got "
                                    f"{fx['sequence_parallel']!r}")
+        self._check_cluster_and_seq()
+
+    def _check_cluster_and_seq(self) -> None:
+        """What ties fields together: the instance's GPU, whole servers, the model's positions."""
+        from ..workloads.models import preset
+
+        row = instances()[self.instance] if self.instance else None
+        if row is not None and self.gpu is not None and self.gpu != row.gpu:
+            raise InvalidRequest("{instance} " + f"{self.instance} has {row.gpu} GPUs, " + "{gpu} says "
+                                 + repr(self.gpu), "instance", "gpu")
+        gpn = self.gpus_per_node or (row.gpus if row else 8)
+        if self.gpus % gpn and self.gpus > gpn:
+            raise InvalidRequest("{gpus} " + f"{self.gpus} is not a whole number of servers of "
+                                 + "{gpus_per_node} " + str(gpn), "gpus", "gpus_per_node")
+        most = preset(self.model).max_positions
+        if self.seq is not None and most and self.seq > most:
+            raise invalid("seq", f"{self.seq} exceeds {self.model}'s {most} positions")
 
 
 @dataclass
@@ -197,9 +214,6 @@ def _cluster(req: PlanRequest):
 
     row = instances()[req.instance] if req.instance else None
     gpu_name = req.gpu or row.gpu
-    if row is not None and req.gpu is not None and req.gpu != row.gpu:
-        raise InvalidRequest("{instance} " + f"{req.instance} has {row.gpu} GPUs, " + "{gpu} says "
-                             + repr(req.gpu), "instance", "gpu")
     spec = gpu_spec(gpu_name)
     gpn = req.gpus_per_node or (row.gpus if row else 8)
     net_name = req.network or (row.network if row else None)
@@ -319,13 +333,8 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
     except ValueError as e:
         raise invalid("model", str(e).removeprefix("model ")) from None
     seq = req.seq or int(fields["max_positions"] or 2048)
-    if fields["max_positions"] and seq > fields["max_positions"]:
-        raise invalid("seq", f"{seq} exceeds {req.model}'s {fields['max_positions']} positions")
     shape = TransformerShape(**{k: fields[k] for k in ("hidden", "heads", "kv_heads", "ffn_hidden", "layers",
                                                       "vocab", "gated_mlp", "dropout")})
-    if req.gpus % gpn and req.gpus > gpn:
-        raise InvalidRequest("{gpus} " + f"{req.gpus} is not a whole number of servers of "
-                             + "{gpus_per_node} " + str(gpn), "gpus", "gpus_per_node")
     steps.stage("model", layers=shape.layers, hidden=shape.hidden)
     cluster = Cluster(gpus=req.gpus, gpus_per_node=min(gpn, req.gpus), peak_flops_per_s=spec.peak("bf16"),
                       memory_bytes=int(spec.memory_bytes), hbm_bytes_per_s=spec.hbm_bytes_per_s,

@@ -545,21 +545,11 @@ class PlanRequest(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanRequest:
-        """The API's own checks (gpu or instance, the fixed knobs' values), and those ``plan`` makes
-        before its search (the instance's GPU, whole servers, the model's positions), before any work
-        starts."""
+        """The API's own checks (gpu or instance, the fixed knobs' values, the instance's GPU, whole
+        servers, the model's positions), before any work starts."""
         from ..api.planning import PlanRequest as ApiPlanRequest
-        from ..api.planning import _cluster
-        from ..workloads.models import PRESETS
 
-        req = ApiPlanRequest(**self.model_dump())
-        req.validate()
-        _, gpn, _, _ = _cluster(req)
-        if req.gpus % gpn and req.gpus > gpn:
-            raise ValueError(f"gpus {req.gpus} is not a whole number of servers of gpus_per_node {gpn}")
-        most = PRESETS[req.model].max_positions
-        if req.seq and most and req.seq > most:
-            raise ValueError(f"seq {req.seq} exceeds {req.model}'s {most} positions")
+        ApiPlanRequest(**self.model_dump()).validate()
         return self
 
 
