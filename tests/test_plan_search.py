@@ -284,3 +284,20 @@ def test_preset_sizes_without_transformers_equal_the_config_classes(model, monke
     family = T.preset(model).family
     monkeypatch.delitem(T.FAMILY_DEFAULTS, family)      # falls back to the transformers config class
     assert T.transformer_fields(model) == fast
+
+
+def test_gpu_cluster_trial_plans_as_archplace_plan():
+    """search --target gpu-cluster with ``planner: plan`` prices a shape as ``archplace plan`` does for the
+    same GPUs, node, network and batch."""
+    from archplace.api.planning import PlanRequest, plan
+    from archplace.hardware.gpu_cluster_space import ClusterShape
+    from archplace.platform.gpu_cluster_trial import evaluate_cluster
+
+    row = evaluate_cluster(ClusterShape("a100-80gb", 8, 2, "nvlink", "efa-400g"), ["bert-large"],
+                           planner="plan", dtype="bf16")
+    res = plan(PlanRequest(model="bert-large", gpu="a100-80gb", gpus=16, gpus_per_node=8, network="efa-400g",
+                           global_batch=256, seq=512, top_k=1))
+    assert row["bert-large.memory_fit"] and res.fits
+    assert row["bert-large.iteration_time_s"] == pytest.approx(res.best["step_time_s"], rel=1e-12)
+    assert row["bert-large.plan"] == {k: res.best[k] for k in row["bert-large.plan"]}
+    assert row["bert-large.throughput_samples_per_s"] == pytest.approx(256 / res.best["step_time_s"])

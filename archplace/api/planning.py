@@ -248,34 +248,9 @@ def _cluster(req: PlanRequest):
 
 def _costs(model: str, spec, op_model: str):
     """(tp, mbs, tokens per rank, attention) -> ``parallel_step.LayerTimes`` of one micro-batch."""
-    from dataclasses import replace
+    from ..simulators.plan_costs import model_layer_costs
 
-    import numpy as np
-
-    from ..simulators.gpu_ops import gpu_op_times
-    from ..simulators.gpu_step import sram_bytes
-    from ..simulators.parallel_step import layer_times
-    from ..workloads.backward import with_attention
-    from ..workloads.models import build_graph
-    from ..workloads.stack_truncate import truncate_to_captured
-
-    sram = sram_bytes(spec)
-
-    def costs(tp: int, mbs: int, seq: int, attention: str):
-        # timed on the captured blocks only; every copied block takes its template's times
-        full = build_graph(model, seq=seq, mbs=mbs, tmp=tp, training=False)
-        fwd, rep = truncate_to_captured(full)
-        g = with_attention(fwd, attention, sram_bytes=sram)
-        lt = layer_times(g, gpu_op_times(g, spec, dtype="bf16", op_model=op_model).time_s)
-        names = list(full.meta["layers"])
-        idx = np.array([lt.names.index(rep[n]) for n in names])
-        return replace(lt, names=tuple(names), **{f: getattr(lt, f)[idx] for f in _PER_LAYER})
-
-    return costs
-
-
-_PER_LAYER = ("fwd_s", "bwd_s", "attn_fwd_s", "attn_bwd_s", "replicated_fwd_s", "replicated_bwd_s",
-              "col_wgrad_s", "fwd_collective_bytes", "bwd_collective_bytes", "params")
+    return model_layer_costs(model, spec, op_model)
 
 
 def _space(req: PlanRequest, shape, seq: int, gpn: int):

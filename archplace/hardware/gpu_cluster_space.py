@@ -199,7 +199,7 @@ def load_space(path: str | dict | None = None) -> dict:
     training = cfg.get("training", {}) or {}
     if not isinstance(training, dict):
         raise ValueError(f"{where}: field 'training' must be a mapping")
-    allowed_training = {"dtype", "op_model", "stages", "attention"}
+    allowed_training = {"dtype", "op_model", "stages", "attention", "planner"}
     unknown = sorted(set(training) - allowed_training)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) training.{unknown}; allowed: {sorted(allowed_training)}")

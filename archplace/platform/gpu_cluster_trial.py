@@ -28,6 +28,13 @@ The row, flat so it goes into Parquet and a Tune result as is (``M`` is a model 
 - over all models, one step of each in turn: ``iteration_time_s``, ``cost_per_step_usd`` (sums; None
   unless every model fits) and ``memory_fit`` (all fit).
 
+With ``planner: plan`` (training option) each model is planned instead by ``archplace plan``'s search
+(``algorithms/search/plan_search.py``: tensor, pipeline, data and context parallel sizes, micro-batch,
+recomputation, ZeRO stage, attention) for the same 256 samples per step at the model's sequence, on the
+shape's GPUs, servers, NVLink or PCIe and network share; the row then carries ``M.plan`` (the knobs),
+``M.layers_per_stage``, ``M.peak_memory_gib``, ``M.configurations_priced`` and ``M.pruned`` in place of
+the DP's columns. It takes models with one stack of blocks (not the T5s).
+
 The number of stages K is a rule: ``servers`` (one per server, at most 8 and at most the GPUs:
 ``archplace pipeline``'s default), ``servers+fit`` (the default: that K, and when its best plan runs out
 of memory, 2K, 4K, ... up to 8 or the GPUs, the first that fits; a one-server shape can then pipeline
@@ -54,7 +61,9 @@ from ..hardware.cluster_prices import (
 )
 from ..hardware.gpu_cluster_space import ClusterShape, cluster_of_shape
 
-DEFAULTS = {"dtype": "fp16", "op_model": "calibrated", "stages": "servers+fit", "attention": "eager"}
+DEFAULTS = {"dtype": "fp16", "op_model": "calibrated", "stages": "servers+fit", "attention": "eager",
+            "planner": "pipeline-dp"}
+PLANNERS = ("pipeline-dp", "plan")
 MAX_AUTO_STAGES = 8   # ``stages: servers`` caps K here (the pipeline command's range is 2..8)
 _OPTS = set(DEFAULTS) | {"max_subproblems"}
 
@@ -121,6 +130,8 @@ def _check_opts(opts: dict) -> dict:
                          f"(of {list(OP_MODELS)}: a profile is measured for one GPU, a sweep spans several)")
     if o["attention"] not in ("eager", "sdpa"):
         raise ValueError(f"attention is {o['attention']!r}; allowed: ['eager', 'sdpa']")
+    if o["planner"] not in PLANNERS:
+        raise ValueError(f"planner is {o['planner']!r}; allowed: {list(PLANNERS)}")
     return o
 
 
@@ -159,10 +170,67 @@ def _plan_model(prof, cluster, ks: list[int], first_fit: bool, max_subproblems: 
     return p, k, plans, skipped, time.perf_counter() - t0
 
 
+@functools.lru_cache(maxsize=16)
+def _layer_costs(model: str, gpu: str, op_model: str, dtype: str):
+    """``simulators.plan_costs.model_layer_costs`` with its timings kept per process (a sweep meets each
+    (model, GPU) on many shapes)."""
+    from ..hardware.gpus import gpu_spec
+    from ..simulators.plan_costs import model_layer_costs
+
+    return functools.lru_cache(maxsize=None)(model_layer_costs(model, gpu_spec(gpu), op_model, dtype))
+
+
+def _plan_columns(shape: ClusterShape, m: str, o: dict, price: float) -> dict[str, Any]:
+    """``planner: plan``: model ``m`` on ``shape`` by ``archplace plan``'s search (tensor, pipeline, data and
+    context parallel sizes, micro-batch, recomputation, ZeRO, attention), the same samples per step as the
+    pipeline DP's plan (``PipelineSetup``: 16 micro-batches of 16) at the model's own sequence."""
+    from ..algorithms.search.plan_search import Cluster, default_space, search
+    from ..simulators.pipeline import PipelineSetup
+    from ..simulators.train_memory import TransformerShape
+    from ..workloads.models import preset
+    from ..workloads.transformer_shape import transformer_fields
+
+    t0 = time.perf_counter()
+    fields = transformer_fields(m)
+    tshape = TransformerShape(**{k: fields[k] for k in ("hidden", "heads", "kv_heads", "ffn_hidden", "layers",
+                                                       "vocab", "gated_mlp", "dropout")})
+    seq = int(preset(m).seq_len)
+    setup = PipelineSetup()
+    batch = setup.micro_batch * setup.num_micro_batches
+    spec = shape.spec
+    cluster = Cluster(gpus=shape.num_gpus, gpus_per_node=shape.gpus_per_server,
+                      peak_flops_per_s=spec.peak(o["dtype"]), memory_bytes=int(spec.memory_bytes),
+                      hbm_bytes_per_s=spec.hbm_bytes_per_s, nvlink_bytes_per_s=shape.intra_server_bytes_per_s,
+                      network_bytes_per_s=shape.inter_server_bytes_per_s)
+    space = default_space(tshape, gpus=shape.num_gpus, gpus_per_node=shape.gpus_per_server, seq=seq,
+                          global_batch=batch)
+    res = search(tshape, _layer_costs(m, shape.gpu, o["op_model"], o["dtype"]), cluster, seq=seq,
+                 global_batch=batch, space=space, top_k=1)
+    best = res.top[0] if res.top else None
+    t = best.step_time_s if best else None
+    reason = ""
+    if best is None:
+        c = res.least_memory
+        reason = (f"no configuration fits {spec.memory_bytes / 2**30:.0f} GiB HBM of {shape.gpu}"
+                  + (f": the least is {c.memory['total_bytes'] / 2**30:.2f} GiB per GPU ({c.knobs})" if c else
+                     ": weights, gradients and optimizer state alone exceed it"))
+    return {f"{m}.iteration_time_s": t, f"{m}.cost_per_step_usd": t * price / 3600.0 if best else None,
+            f"{m}.memory_fit": best is not None, f"{m}.memory_reason": reason, f"{m}.samples_per_step": batch,
+            f"{m}.throughput_samples_per_s": batch / t if best else None,
+            f"{m}.plan": dict(best.knobs) if best else None,
+            f"{m}.layers_per_stage": best.layers_per_stage if best else None,
+            f"{m}.stages": best.knobs["pp"] if best else None,
+            f"{m}.peak_memory_gib": best.memory["total_bytes"] / 2**30 if best else None,
+            f"{m}.configurations_priced": res.evaluated, f"{m}.pruned": dict(res.pruned),
+            f"{m}.plan_wall_s": time.perf_counter() - t0}
+
+
 def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
     """The flat row of ``shape`` for ``models`` (module doc). ``opts``: ``dtype`` (fp16), ``op_model``
     (calibrated | roofline), ``stages`` (servers+fit | servers | K | [K, ...]), ``attention`` (eager | sdpa),
-    ``max_subproblems`` (the DP's deterministic budget, 100,000)."""
+    ``max_subproblems`` (the DP's deterministic budget, 100,000), ``planner`` (``pipeline-dp``: Auto-MAP's
+    pipeline cuts, the default; ``plan``: ``archplace plan``'s search over every parallelism, for models
+    with one stack of blocks)."""
     from ..algorithms.rl.pipeline_plan import describe
 
     t0 = time.perf_counter()
@@ -188,6 +256,20 @@ def evaluate_cluster(shape: ClusterShape, models: list[str], **opts) -> dict:
                            "price_basis": price_basis(shape), "dtype": o["dtype"], "op_model": o["op_model"],
                            "attention": o["attention"], "stage_rule": str(o["stages"])}
     total_t, total_c, all_fit = 0.0, 0.0, True
+    if o["planner"] == "plan":
+        row["stage_rule"] = "plan"
+        for m in models:
+            cols = _plan_columns(shape, m, o, price)
+            row.update(cols)
+            fits = cols[f"{m}.memory_fit"]
+            all_fit &= fits
+            if fits:
+                total_t += cols[f"{m}.iteration_time_s"]
+                total_c += cols[f"{m}.cost_per_step_usd"]
+        row.update({"iteration_time_s": total_t if all_fit else None,
+                    "cost_per_step_usd": total_c if all_fit else None, "memory_fit": all_fit,
+                    "wall_s": time.perf_counter() - t0})
+        return row
     for m in models:
         prof, _note = pipeline_profile(m, shape.gpu, o["dtype"], o["op_model"], o["attention"])
         plan, k, tried, skipped, wall = _plan_model(prof, cluster, ks, o["stages"] == "servers+fit", max_sub)
