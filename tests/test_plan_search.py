@@ -301,3 +301,15 @@ def test_gpu_cluster_trial_plans_as_archplace_plan():
     assert row["bert-large.iteration_time_s"] == pytest.approx(res.best["step_time_s"], rel=1e-12)
     assert row["bert-large.plan"] == {k: res.best[k] for k in row["bert-large.plan"]}
     assert row["bert-large.throughput_samples_per_s"] == pytest.approx(256 / res.best["step_time_s"])
+
+
+def test_ray_tasks_give_the_same_answer(ray_session):
+    """plan --address: one Ray task per (tp, pp) slice, merged: the same top K as one process."""
+    from archplace.api.planning import PlanRequest, plan
+
+    kw = dict(model="bert-base", gpu="a100-80gb", gpus=8, global_batch=64, seq=512, top_k=4)
+    one = plan(PlanRequest(**kw))
+    many = plan(PlanRequest(**kw, ray_tasks=True))
+    assert many.ray_tasks > 1 and one.ray_tasks == 0
+    assert [(c["step_time_s"], {k: c[k] for k in S.KNOBS}, c["layers_per_stage"]) for c in many.top] == \
+        [(c["step_time_s"], {k: c[k] for k in S.KNOBS}, c["layers_per_stage"]) for c in one.top]

@@ -89,6 +89,11 @@ class PlanRequest(Request):
     max_mbs: int = 8                   # the largest micro-batch tried (powers of two)
     op_model: str = "calibrated"
     overlap: bool = True               # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
+    ray_tasks: bool = False            # split the enumeration into Ray tasks (Ray must be started)
+
+    @property
+    def needs_ray(self) -> bool:
+        return bool(self.ray_tasks)
 
     def validate(self) -> None:
         from ..hardware.gpu_cluster_space import NETWORKS
@@ -115,6 +120,7 @@ class PlanRequest(Request):
         check_int("max_mbs", self.max_mbs, high=1024)
         check_choice("op_model", self.op_model, OP_MODELS)
         check_bool("overlap", self.overlap)
+        check_bool("ray_tasks", self.ray_tasks)
         fx = self.fixed or {}
         if not isinstance(fx, dict):
             raise invalid("fixed", f"must be a dict of knob values, got {fx!r}")
@@ -177,6 +183,7 @@ class PlanResult(Result):
     fixed: dict[str, Any] = field(default_factory=dict)
     overlap: bool = True
     assumptions: list[str] = field(default_factory=list)
+    ray_tasks: int = 0                 # Ray tasks the enumeration ran in (0: this process)
     wall_s: float = 0.0
 
 
@@ -318,9 +325,19 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
                       usd_per_gpu_hour=price["usd_per_gpu_hour"] if price else None)
     costs = _costs(req.model, spec, req.op_model)
     space = _space(req, shape, seq, cluster.gpus_per_node)
-    res = search(shape, costs, cluster, seq=seq, global_batch=req.global_batch, space=space,
-                 optimizer=req.optimizer, grad_bytes=grad_reduce_bytes_per_param(req.grad_reduce_dtype),
-                 top_k=req.top_k, overlap=req.overlap)
+    kw = dict(seq=seq, global_batch=req.global_batch, optimizer=req.optimizer,
+              grad_bytes=grad_reduce_bytes_per_param(req.grad_reduce_dtype), top_k=req.top_k,
+              overlap=req.overlap)
+    tasks = 0
+    if req.ray_tasks:
+        from ..platform.plan_tasks import search_in_tasks
+        from ._common import require_ray
+
+        require_ray("plan with ray_tasks")
+        res, tasks = search_in_tasks(req.model, spec, req.op_model, shape=shape, cluster=cluster, space=space,
+                                     **kw)
+    else:
+        res = search(shape, costs, cluster, space=space, **kw)
     # model FLOPs per token (PaLM, Chowdhery et al. 2022, App. B): 6 N + 12 L h s
     lt1 = costs(1, 1, seq, "sdpa")
     n_params = float(lt1.params.sum() - lt1.shared_params)
@@ -352,4 +369,4 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
         op_model=req.op_model, fits=bool(top), reason=reason, best=top[0] if top else None, top=top,
         evaluated=res.evaluated, pruned=res.pruned, invalid=res.invalid, splits_priced=res.splits_priced,
         timed=res.captured, price=price, fixed=dict(req.fixed or {}), overlap=req.overlap,
-        assumptions=assumptions(req.overlap), wall_s=time.perf_counter() - t0)
+        assumptions=assumptions(req.overlap), ray_tasks=tasks, wall_s=time.perf_counter() - t0)

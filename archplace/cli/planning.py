@@ -12,7 +12,7 @@ from typing import Any
 
 from archplace.api.planning import GRAD_DTYPES, OP_MODELS, PlanRequest, instances, parse_fixed, plan
 from archplace.cli import status
-from archplace.cli.common import add_model_args, fmt_bytes, model_ref
+from archplace.cli.common import add_model_args, connect_if_needed, fmt_bytes, model_ref
 from archplace.cli.vocabulary import BUDGETS_KEY, budgets, count, gpu_choice, gpu_help, refuse
 from archplace.hardware.gpus import GPUS
 
@@ -28,7 +28,8 @@ def cmd_plan(args) -> dict[str, Any]:
                       gpus_per_node=args.gpus_per_node, network=args.network, instance=args.instance,
                       seq=args.seq, optimizer=args.optimizer, grad_reduce_dtype=args.grad_reduce_dtype,
                       fixed=parse_fixed(args.fixed) or None, top_k=args.top, max_mbs=args.max_mbs,
-                      op_model=args.op_model, overlap=not args.no_overlap)
+                      op_model=args.op_model, overlap=not args.no_overlap, ray_tasks=args.address is not None)
+    connect_if_needed(req, None if args.address == "local" else args.address)
     status.phase(f"planning {req.model} on {args.devices} GPUs")
     res = plan(req).to_dict()
     res[BUDGETS_KEY] = budgets()   # exhaustive: every configuration is priced or bounded
@@ -141,5 +142,8 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--export", choices=EXPORTS, default=None,
                    help="write the best configuration's launch files for this framework to --out")
     p.add_argument("--out", default=None, metavar="DIR", help="--export: the folder for the launch files")
+    p.add_argument("--address", default=None, metavar="HOST:PORT|auto|local",
+                   help="run the enumeration in Ray tasks, one per (tp, pp) slice, on this cluster ('local': "
+                        "an embedded Ray); the answer is the same")
     p.add_argument("--json", action="store_true")
     refuse(p, ("--arch",), "plan trains on GPUs: it takes --gpu NAME or --instance NAME")

@@ -534,6 +534,7 @@ class PlanRequest(Strict):
     max_mbs: int = Field(default=8, ge=1, le=1024)
     op_model: Literal["calibrated", "roofline"] = "calibrated"
     overlap: bool = True  # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
+    ray_tasks: bool = False  # the enumeration in Ray tasks (a managed operation runs on the service's Ray)
 
     @field_validator("model")
     @classmethod
