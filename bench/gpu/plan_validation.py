@@ -582,7 +582,10 @@ def _f(x, fmt: str) -> str:
 def markdown(path: str) -> str:
     """The docs results page's tables from a results JSON."""
     doc = json.loads(Path(path).read_text())
-    lines = [f"From `{path}` (commit {str(doc['commit'])[:7]}, {doc['gpu']}, {doc['op_model']} op model, "
+    root = HERE.parents[1]
+    shown = Path(path).resolve()
+    shown = shown.relative_to(root) if shown.is_relative_to(root) else Path(path)
+    lines = [f"From `{shown}` (commit {str(doc['commit'])[:7]}, {doc['gpu']}, {doc['op_model']} op model, "
              f"{doc['wall_s'] / 60:.1f} min on {doc['machine']['cpu_count']} CPUs).", "",
              "The published configuration priced by `archplace plan` with every knob fixed (ZeRO 0, "
              "eager attention), with the overlap the run had (Korthikanti 2022: backward tensor-parallel "
