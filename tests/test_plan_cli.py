@@ -100,3 +100,25 @@ def test_gpt3_175b_on_1024_a100s_fits(capsys):
     assert b["tp"] * b["pp"] * b["dp"] * b["cp"] <= 1024
     assert b["memory_per_gpu_bytes"] <= 80 * 1024 ** 3 and b["step_time_s"] > 0
     assert 0 < b["mfu"] < 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # megatron-core without Apex and Transformer Engine
+def test_gpt3_best_exports_megatron_arguments_megatron_core_accepts(capsys, tmp_path):
+    """The issue's done-when: the headline plan's ``--export megatron`` is accepted by megatron-core's own
+    configuration classes, with the plan's sizes."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (make install puts it in)")
+    from test_plan_export import _megatron_core_configs
+
+    from archplace.api.plan_export import parse_megatron_args
+
+    rc, d, _ = run(["plan", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536",
+                    "--seq", "2048", "--export", "megatron", "--out", str(tmp_path), "--json"], capsys)
+    assert rc == 0 and d["exported"]["files"] == [str(tmp_path / "megatron_args.sh")]
+    b = d["best"]
+    argv = parse_megatron_args((tmp_path / "megatron_args.sh").read_text())
+    config, ddp, micro = _megatron_core_configs(argv, 1024)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
+            config.context_parallel_size) == (b["tp"], b["pp"], b["cp"])
+    assert config.num_layers == 96 and config.hidden_size == 12288 and config.sequence_parallel == \
+        b["sequence_parallel"]
+    assert micro.get() == 1536 // (b["mbs"] * b["dp"])

@@ -27,6 +27,7 @@ from ._common import (
     check_int,
     check_model,
     invalid,
+    is_number,
 )
 
 KNOB_NAMES = ("tp", "pp", "dp", "cp", "vp", "mbs", "recompute", "sequence_parallel", "zero", "attention")
@@ -90,6 +91,7 @@ class PlanRequest(Request):
     op_model: str = "calibrated"
     overlap: bool = True               # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
     ray_tasks: bool = False            # split the enumeration into Ray tasks (Ray must be started)
+    memory_headroom: float = 0.1       # fraction of each GPU's memory kept free (CUDA context, NCCL, ...)
 
     @property
     def needs_ray(self) -> bool:
@@ -121,6 +123,8 @@ class PlanRequest(Request):
         check_choice("op_model", self.op_model, OP_MODELS)
         check_bool("overlap", self.overlap)
         check_bool("ray_tasks", self.ray_tasks)
+        if not (is_number(self.memory_headroom) and 0 <= self.memory_headroom < 1):
+            raise invalid("memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom!r}")
         fx = self.fixed or {}
         if not isinstance(fx, dict):
             raise invalid("fixed", f"must be a dict of knob values, got {fx!r}")
@@ -196,8 +200,8 @@ def assumptions(overlap: bool) -> list[str]:
         "the network; data-parallel ring over d x cp ranks in Megatron's rank order (tensor, context, data, "
         "pipeline)",
         "1F1B pipeline (interleaved with v chunks), uneven first and last stages where faster; activation "
-        "memory by Korthikanti et al. 2022's counts; nothing counted for the CUDA context, workspaces or "
-        "fragmentation (fits is necessary, not sufficient)",
+        "memory by Korthikanti et al. 2022's counts; the CUDA context, NCCL buffers, workspaces and "
+        "fragmentation are not counted: fits leaves memory_headroom of the GPU free for them",
     ]
     if overlap:
         out.append("overlap on: backward tensor-parallel all-reduces behind the weight-gradient GEMMs; the "
@@ -275,18 +279,25 @@ def _space(req: PlanRequest, shape, seq: int, gpn: int):
     return replace(sp, **over)
 
 
-def _candidate_dict(c, *, tokens: float, flops_per_token: float, gpus: int, peak: float,
-                    usd_per_gpu_hour: float | None) -> dict[str, Any]:
-    tps = tokens / c.step_time_s
-    d = {**c.knobs, "ep": 1, "layers_per_stage": c.layers_per_stage, "microbatches": c.microbatches,
+def _candidate_dict(c, *, global_batch: int, seq: int, flops_per_token: float, gpus: int, peak: float,
+                    usd_per_gpu_hour: float | None, overlap: bool = True) -> dict[str, Any]:
+    tps = global_batch * seq / c.step_time_s
+    d = {**c.knobs, "ep": 1, "global_batch": global_batch, "seq": seq, "layers_per_stage": c.layers_per_stage,
+         "microbatches": c.microbatches,
          "step_time_s": c.step_time_s, "tokens_per_s": tps, "mfu": tps * flops_per_token / (gpus * peak),
          "memory_per_gpu_bytes": c.memory["total_bytes"], "memory": c.memory, "time": c.parts_s,
          "fits": c.fits}
+    # what the published runs of bench/gpu/plan_validation.py (Megatron-LM, ZeRO 0, cp 1) do not cover
     notes = []
-    if c.knobs["zero"] >= 2:
-        notes.append(f"ZeRO {c.knobs['zero']}: its gathers and reduce-scatters are priced as hidden behind "
-                     "the compute where shorter, with no per-message latency (an optimistic bound); no "
-                     "published run validates it (bench/gpu/plan_validation.py covers ZeRO 0 and 1)")
+    if c.knobs["zero"] >= 1:
+        notes.append(f"ZeRO {c.knobs['zero']}: " + ("its gathers and reduce-scatters are priced as hidden "
+                     "behind the compute where shorter, with no per-message latency (an optimistic bound)"
+                     if c.knobs["zero"] == 3 else "the optimizer state sharded, its reduce-scatter and "
+                     "all-gather priced as the all-reduce's bytes")
+                     + "; every published run the validation holds is ZeRO 0")
+    if overlap and c.knobs["dp"] * c.knobs["cp"] > 1 and c.knobs["zero"] != 3:
+        notes.append("the data-parallel sync is hidden behind the last backward where shorter (overlap on); "
+                     "the validated runs with d > 1 exposed it")
     if c.knobs["cp"] > 1:
         notes.append("context parallelism: ring attention's K/V exchange is priced, hidden behind the "
                      "attention core where shorter; no published run validates it")
@@ -319,7 +330,8 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
                                                       "vocab", "gated_mlp", "dropout")})
     steps.stage("model", layers=shape.layers, hidden=shape.hidden)
     cluster = Cluster(gpus=req.gpus, gpus_per_node=min(gpn, req.gpus), peak_flops_per_s=spec.peak("bf16"),
-                      memory_bytes=int(spec.memory_bytes), hbm_bytes_per_s=spec.hbm_bytes_per_s,
+                      memory_bytes=int(spec.memory_bytes * (1 - req.memory_headroom)),
+                      hbm_bytes_per_s=spec.hbm_bytes_per_s,
                       nvlink_bytes_per_s=spec.nvlink_bytes_per_s,
                       network_bytes_per_s=network["bytes_per_s_per_gpu"],
                       usd_per_gpu_hour=price["usd_per_gpu_hour"] if price else None)
@@ -342,8 +354,8 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
     lt1 = costs(1, 1, seq, "sdpa")
     n_params = float(lt1.params.sum() - lt1.shared_params)
     fpt = 6.0 * n_params + 12.0 * shape.layers * shape.hidden * seq
-    kw = dict(tokens=float(req.global_batch * seq), flops_per_token=fpt, gpus=req.gpus,
-              peak=cluster.peak_flops_per_s, usd_per_gpu_hour=cluster.usd_per_gpu_hour)
+    kw = dict(global_batch=req.global_batch, seq=seq, flops_per_token=fpt, gpus=req.gpus,
+              peak=cluster.peak_flops_per_s, usd_per_gpu_hour=cluster.usd_per_gpu_hour, overlap=req.overlap)
     top = [_candidate_dict(c, **kw) for c in res.top]
     reason = None
     if not top:
@@ -351,18 +363,22 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
         if res.least_memory is not None:
             c = _candidate_dict(res.least_memory, **kw)
             knobs = ", ".join(f"{k}={c[k]}" for k in KNOB_NAMES)
-            reason = (f"no configuration fits {spec.label}'s {spec.memory_bytes / gib:.1f} GiB: the least "
-                      f"memory per GPU is {c['memory_per_gpu_bytes'] / gib:.1f} GiB ({knobs})")
+            reason = (f"no configuration fits {spec.label}'s {cluster.memory_bytes / gib:.1f} GiB (its "
+                      f"{spec.memory_bytes / gib:.0f} GiB less {req.memory_headroom:.0%} headroom): the "
+                      f"least memory per GPU is {c['memory_per_gpu_bytes'] / gib:.1f} GiB ({knobs})")
         else:
             pruned = res.pruned["memory"]
-            reason = (f"no configuration fits {spec.label}'s {spec.memory_bytes / gib:.1f} GiB: weights, "
+            reason = (f"no configuration fits {spec.label}'s {cluster.memory_bytes / gib:.1f} GiB (its "
+                      f"{spec.memory_bytes / gib:.0f} GiB less {req.memory_headroom:.0%} headroom): weights, "
                       f"gradients and optimizer state alone exceed it in all {pruned} configurations"
                       if pruned else "no knob combination is valid for this model, GPU count and batch "
                       f"({res.invalid} combinations refused: counts must divide the GPUs, heads, layers and "
                       "batch)")
     steps.done(evaluated=res.evaluated)
     return PlanResult(
-        model=fields, gpu={"name": spec.name, "label": spec.label, "memory_bytes": int(spec.memory_bytes)},
+        model=fields, gpu={"name": spec.name, "label": spec.label, "memory_bytes": int(spec.memory_bytes),
+                           "usable_memory_bytes": cluster.memory_bytes,
+                           "memory_headroom": req.memory_headroom},
         gpus=req.gpus, gpus_per_node=cluster.gpus_per_node, network=network, instance=req.instance,
         global_batch=req.global_batch, seq=seq, optimizer=req.optimizer,
         grad_reduce_dtype=req.grad_reduce_dtype,

@@ -28,7 +28,8 @@ def cmd_plan(args) -> dict[str, Any]:
                       gpus_per_node=args.gpus_per_node, network=args.network, instance=args.instance,
                       seq=args.seq, optimizer=args.optimizer, grad_reduce_dtype=args.grad_reduce_dtype,
                       fixed=parse_fixed(args.fixed) or None, top_k=args.top, max_mbs=args.max_mbs,
-                      op_model=args.op_model, overlap=not args.no_overlap, ray_tasks=args.address is not None)
+                      op_model=args.op_model, overlap=not args.no_overlap, ray_tasks=args.address is not None,
+                      memory_headroom=args.memory_headroom)
     connect_if_needed(req, None if args.address == "local" else args.address)
     status.phase(f"planning {req.model} on {args.devices} GPUs")
     res = plan(req).to_dict()
@@ -135,6 +136,9 @@ def add_plan_parser(sub) -> None:
                    help="the largest micro-batch tried, powers of two (default 8)")
     p.add_argument("--op-model", choices=OP_MODELS, default="calibrated",
                    help="op times: calibrated (default, H200 micro-benchmarks scaled to the GPU) or roofline")
+    p.add_argument("--memory-headroom", type=float, default=0.1, metavar="FRACTION",
+                   help="fraction of each GPU's memory kept free for the CUDA context, NCCL buffers and the "
+                        "allocator's fragmentation, which the memory model does not count (default 0.1)")
     p.add_argument("--no-overlap", action="store_true",
                    help="every collective on the critical path (default: backward tensor-parallel "
                         "all-reduces and data-parallel collectives overlap compute, as Megatron-LM and FSDP "

@@ -535,6 +535,7 @@ class PlanRequest(Strict):
     op_model: Literal["calibrated", "roofline"] = "calibrated"
     overlap: bool = True  # TP all-reduces behind wgrad GEMMs, DP collectives behind compute
     ray_tasks: bool = False  # the enumeration in Ray tasks (a managed operation runs on the service's Ray)
+    memory_headroom: float = Field(default=0.1, ge=0.0, lt=1.0)  # fraction of each GPU's memory kept free
 
     @field_validator("model")
     @classmethod

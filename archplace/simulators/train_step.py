@@ -237,10 +237,14 @@ class StepTime:
 
 def step_time(layer: LayerCost, num_layers: int, setup: TrainSetup, links: Links, *,
               activation_bytes: int, embed: LayerCost | None = None, head: LayerCost | None = None,
-              grad_bytes_per_param: int = 2, optimizer_bytes_per_param: int = 0) -> StepTime:
+              grad_bytes_per_param: int = 2, optimizer_bytes_per_param: int = 0,
+              shared_params: int = 0) -> StepTime:
     """One training iteration of a GPT of ``num_layers`` identical layers ``layer`` split evenly into
     ``setup.pp`` stages; the first stage also runs ``embed``, the last ``head`` (LM head and loss).
-    ``activation_bytes``: one micro-batch's activation between stages (b · s · h · bytes per element)."""
+    ``activation_bytes``: one micro-batch's activation between stages (b · s · h · bytes per element).
+    ``shared_params``: parameters ``embed`` and ``head`` both count (tied input and output embeddings); with
+    one stage they are one tensor, counted once (with several, the first and last stage each hold a copy,
+    as Megatron-LM keeps them)."""
     _check_ranks(num_layers, "num_layers")
     p, v = setup.pp, setup.virtual_stages
     if num_layers % (p * v):
@@ -267,6 +271,8 @@ def step_time(layer: LayerCost, num_layers: int, setup: TrainSetup, links: Links
         for k in parts:
             parts[k][idx] += getattr(t_c, k)
         params[idx] += c.params
+    if p == 1 and embed is not None and head is not None:
+        params[0] -= int(shared_params)
     pipe = pipeline_time_s(stage, m, v)
     k = int(np.argmax(stage))
     busiest = int(params.max())

@@ -203,6 +203,10 @@ class Layers:
                 times[om] = ot.time_s
                 out[om] = {name: layer_cost(g, ot.time_s, name)
                            for name in ("transformer.h.1", "embed", "head")}
+                # the tied input/output embedding, which embed and head both count (one tensor when p = 1)
+                out[om]["shared_params"] = sum(
+                    int(s["bytes"]) for s in g.meta.get("shared_params") or ()
+                    if {"embed", "head"} <= set(s.get("layers", ()))) // BPE
             self.cache[key] = out
             self.diagnostics[f"h{hidden} a{heads} t{t} b{b}"] = layer_diagnostics(g, times, self.gpu)
         return self.cache[key]
@@ -262,7 +266,8 @@ def predict(costs: dict, layers: int, hidden: int, setup) -> dict:
     r = step_time(costs["transformer.h.1"], layers, setup, links(setup.tp, setup.dp),
                   activation_bytes=setup.micro_batch * SEQ * hidden * BPE, embed=costs["embed"],
                   head=costs["head"], grad_bytes_per_param=GRAD_BYTES_PER_PARAM,
-                  optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM)
+                  optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM,
+                  shared_params=costs.get("shared_params", 0))
     d = r.to_dict()
     d.pop("stage_s")
     share = {k: d[k] / r.iteration_s for k in ("compute_s", "recompute_s", "tp_comm_s", "p2p_s", "bubble_s",

@@ -59,7 +59,8 @@ def main() -> int:
     doc = {"benchmark": "plan_speed", **git_state(), "command": command(), "machine": machine(load),
            "case": "archplace " + " ".join(CMD), "target_s": 30.0, "cold": cold, "warm": warm,
            "same_answer": same,
-           "findings": [f"cold (empty graph cache): {cold['wall_s']:.1f} s wall, warm: {warm['wall_s']:.1f} s; "
+           "findings": [f"cold (empty graph cache): {cold['wall_s']:.1f} s wall, warm: "
+                        f"{warm['wall_s']:.1f} s; "
                         f"{warm['evaluated']} configurations priced, {sum(warm['pruned'].values())} bounded, "
                         f"{warm['layer_timings']} layer timings; the same answer both times: {same}"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -208,7 +208,8 @@ def decompose(row: dict, gv_overlap: bool, L, fixed: dict, fixed_on: dict | None
     lk = gv.links(t, d)
     kw = dict(activation_bytes=b * gv.SEQ * row["hidden"] * gv.BPE, embed=costs["embed"], head=costs["head"],
               grad_bytes_per_param=gv.GRAD_BYTES_PER_PARAM,
-              optimizer_bytes_per_param=gv.OPTIMIZER_BYTES_PER_PARAM)
+              optimizer_bytes_per_param=gv.OPTIMIZER_BYTES_PER_PARAM,
+              shared_params=costs.get("shared_params", 0))
     layer = costs["transformer.h.1"]
     base = step_time(layer, row["layers"], setup, lk, **kw).iteration_s
     hk = dict(hidden=row["hidden"])

@@ -331,7 +331,7 @@ def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_b
                             optimizer_bytes=float(o[i, k]), activation_bytes=float(acts[i, k]),
                             temporary_bytes=float(temp[i, k])).to_dict()
     memory["stage"] = k
-    parts = {"pipeline_s": float(pipe[i]), "bubble_s": float(pipe[i] - m * smax[i]),
+    parts = {"pipeline_s": float(pipe[i]), "bubble_s": max(float(pipe[i] - m * smax[i]), 0.0),
              "dp_sync_s": float(sync[i]), "dp_comm_s": float((reduce + gather)[i].max()),
              "optimizer_s": float(opt[i]),
              "stage_s": [float(x) for x in st[i]]}
