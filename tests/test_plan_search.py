@@ -313,3 +313,34 @@ def test_ray_tasks_give_the_same_answer(ray_session):
     assert many.ray_tasks > 1 and one.ray_tasks == 0
     assert [(c["step_time_s"], {k: c[k] for k in S.KNOBS}, c["layers_per_stage"]) for c in many.top] == \
         [(c["step_time_s"], {k: c[k] for k in S.KNOBS}, c["layers_per_stage"]) for c in one.top]
+
+
+def test_fixed_plan_is_the_validated_step_model():
+    """plan with every knob fixed prices a whole iteration exactly as train_step.step_time (the model
+    bench/gpu/gpu_validation.py holds against published runs): GPT-3 175B as Korthikanti et al. 2022 ran it
+    (t8 p8 v3, selective recomputation with sequence parallelism) on 64 A100s."""
+    from archplace.api.planning import PlanRequest, plan
+    from archplace.hardware.gpus import gpu_spec
+    from archplace.simulators.gpu_ops import gpu_op_times
+    from archplace.simulators.gpu_step import optimizer_update_bytes_per_param
+    from archplace.simulators.train_step import step_time
+    from archplace.workloads.models import build_graph
+
+    fixed = dict(tp=8, pp=8, dp=1, cp=1, vp=3, mbs=1, recompute="selective", sequence_parallel=True, zero=0,
+                 attention="eager")
+    res = plan(PlanRequest(model="gpt3-175b", gpu="a100-80gb", gpus=64, global_batch=64, seq=2048,
+                           fixed=fixed, top_k=1))
+    assert res.fits and res.best["layers_per_stage"] == [12] * 8
+    spec = gpu_spec("a100-80gb")
+    g = build_graph("gpt3-175b", seq=2048, mbs=1, tmp=8)
+    ts = gpu_op_times(g, spec, dtype="bf16", op_model="calibrated").time_s
+    links = Links(tp_bytes_per_s=spec.nvlink_bytes_per_s, pp_bytes_per_s=spec.ib_bytes_per_s,
+                  dp_bytes_per_s=spec.nvlink_bytes_per_s, hbm_bytes_per_s=spec.hbm_bytes_per_s)
+    setup = TrainSetup(tp=8, pp=8, dp=1, micro_batch=1, global_batch=64, virtual_stages=3,
+                       recompute="selective", sequence_parallel=True, tp_bwd_overlap=True)
+    want = step_time(layer_cost(g, ts, "transformer.h.1"), 96, setup, links,
+                     activation_bytes=2048 * 12288 * 2, embed=layer_cost(g, ts, "embed"),
+                     head=layer_cost(g, ts, "head"), grad_bytes_per_param=2,
+                     optimizer_bytes_per_param=optimizer_update_bytes_per_param("adam", 2))
+    assert res.best["step_time_s"] == pytest.approx(want.iteration_s, rel=1e-12)
+    assert res.best["time"]["bubble_s"] == pytest.approx(want.bubble_s, rel=1e-9, abs=1e-12)
