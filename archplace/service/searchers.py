@@ -28,6 +28,7 @@ its trial FAIL and leaves it out of TPE's model, random and grid ignore it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -327,6 +328,14 @@ class Entry:
         self.uid, self.points = uid, points
         self.lock = threading.Lock()
         self.searcher: StudySearcher | None = None
+        self._config: tuple[str, dict] | None = None   # (config_json, parsed): parsed once per study
+
+    def config(self, text: str) -> dict:
+        """The study's configuration, parsed once (a study's config never changes; the text checks it)."""
+        got = self._config
+        if got is None or got[0] != text:
+            got = self._config = (text, json.loads(text))
+        return got[1]
 
 
 class SearcherCache:
@@ -354,6 +363,11 @@ class SearcherCache:
                     break
                 total -= self._entries.pop(uid).points
         return e
+
+    def get(self, uid: str | None) -> Entry | None:
+        """The cached entry of study ``uid``, or None (never created here, evicted or swept)."""
+        with self._guard:
+            return self._entries.get(uid) if uid is not None else None
 
     def drop(self, uid: str) -> None:
         with self._guard:

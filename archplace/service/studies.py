@@ -190,6 +190,7 @@ class StudyService:
         self.engine = engine
         self.max_studies, self.max_points, self.clock = max_studies, max_points, clock
         self.cache = SearcherCache(cache_points, sweep_s)
+        self._uids: dict[tuple[str, str], str] = {}   # (owner, name) -> the study uid last seen here
 
     def _sync(self, conn: sa.Connection, row, s: StudySearcher) -> None:
         """Replay the trial events written since ``s.seq`` into the searcher, in the order of the
@@ -360,16 +361,24 @@ class StudyService:
     def suggest(self, owner: str, name: str, req: SuggestRequest) -> SuggestResponse:
         client = req.client_id or f"anon-{uuid.uuid4().hex}"
         for attempt in range(RESERVE_TRIES):
-            with read_tx(self.engine) as conn:
-                self.cache.sweep(conn)
-                row = self._get_row(conn, owner, name)
-            e = self.cache.entry(row)
+            # a study this replica has seen needs no read to find its cache entry: _suggest checks the
+            # uid against the row in its own transaction
+            e = self.cache.get(self._uids.get((owner, name)))
+            if e is None:
+                with read_tx(self.engine) as conn:
+                    self.cache.sweep(conn)
+                    row = self._get_row(conn, owner, name)
+                e = self.cache.entry(row)
+                if len(self._uids) > 10_000:
+                    self._uids.clear()
+                self._uids[(owner, name)] = row["uid"]
             with e.lock:
                 try:
                     return self._suggest(owner, name, req.count, client, e)
                 except _Taken:
                     pass  # another replica reserved the proposals meanwhile: catch up, propose again
                 except _Moved:
+                    self._uids.pop((owner, name), None)
                     continue  # the study was deleted and created again since the row was read
                 except BaseException:
                     e.searcher = None  # the cache may have run ahead of the rows: rebuild it
@@ -382,6 +391,7 @@ class StudyService:
         now = self.clock()
         # 1. outside the write lock: bring the cache up to date, release overdue leases, propose
         with read_tx(self.engine) as conn:
+            self.cache.sweep(conn)
             row = self._get_row(conn, owner, name)
             if row["uid"] != e.uid:
                 raise _Moved
@@ -390,7 +400,7 @@ class StudyService:
             s = e.searcher
             self._sync(conn, row, s)
             held = conn.execute(SQL["held"], {"p_sid": row["id"], "p_client": client, "p_now": now}).scalar()
-            config = json.loads(row["config_json"])
+            config = e.config(row["config_json"])
             released = (  # only a budget needs it
                 conn.execute(SQL["released"], {"p_sid": row["id"]}).scalar()
                 if config.get("max_trials") is not None
