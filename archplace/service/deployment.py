@@ -6,8 +6,19 @@ Each replica builds the app at start (``__serve_build_asgi_app__``) over its own
 study guarantees live in the transactions, see ``studies.py``); with SQLite, which is a file, the
 replicas are pinned to the node that started the service. Backpressure is Serve's: at most
 ``max_ongoing_requests`` per replica at once and ``max_queued_requests`` waiting, beyond which the
-proxy answers 503 with ``Retry-After``; long work never holds a request (operations). In front of the
+service answers 503 with ``Retry-After``; long work never holds a request (operations). In front of the
 app, ``http_guard.Guard`` turns slow and hostile clients away before they can hold a slot.
+
+Ingress (``ServeConfig.direct_ingress``, on by default): each replica serves HTTP itself on
+``--host:--port`` with Serve's direct ingress (``RAY_SERVE_ENABLE_DIRECT_INGRESS``: uvicorn in the
+replica's process, Serve's own admission, ``max_queued_requests`` and 503s, drain on shutdown), so a
+request crosses one HTTP hop instead of two (client -> Serve's proxy -> the replica over Ray). Serve
+gives each such replica a port of its own from 30000 up, published only to its controller; here every
+replica binds ``--port`` itself with ``SO_REUSEPORT`` instead (``serve_http_on``), so clients keep the
+one URL they had and the kernel spreads their connections over the node's replicas, and a replica that
+restarts takes the same port again. Serve still runs its proxy (its direct ingress needs one), on
+127.0.0.1 and a port of the kernel's choosing, which nothing is told of. Off, the proxy serves
+``--port`` and forwards to the replicas as before.
 
 Exposure: the HTTP port binds ``--host``; each replica's internal gRPC server (Serve binds it to all
 interfaces) is bound to the Ray node's address instead, which is 127.0.0.1 for the embedded Ray; the
@@ -31,6 +42,14 @@ logger = logging.getLogger("archplace.service")
 
 APP_NAME = "archplace"
 
+# the environment of the controller and each replica under direct ingress: no minimum draining period
+# (it lets an external load balancer deregister a replica first, and kept every shutdown 30 s long;
+# here the kernel stops handing a closed listener connections at once)
+DIRECT_INGRESS_ENV = {
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -47,6 +66,7 @@ class ServeConfig:
     body_timeout_s: float = 10.0  # the whole body must arrive within this, else a 408
     max_studies_per_owner: int | None = None  # default: schemas.LIMITS["studies_per_owner"]
     max_points_per_owner: int | None = None  # feasible architectures over an owner's studies
+    direct_ingress: bool = True  # each replica serves --port itself (no proxy hop); see the module doc
 
     def study_limits(self) -> dict[str, int]:
         from .schemas import LIMITS
@@ -160,16 +180,62 @@ def bind_internal_grpc_to_node_ip() -> None:
     serve_replica.add_port_to_grpc_server = bind
 
 
+def direct_ingress_available() -> bool:
+    """Whether this Ray Serve has the direct ingress ``serve_http_on`` relies on: the replica's HTTP
+    server started through ``replica.start_asgi_http_server(app, http_options, *, event_loop,
+    enable_so_reuseport)`` (Ray 2.5x-2.60). Asked in the driver, whose Ray the replicas run."""
+    import inspect
+
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return False
+    start = getattr(serve_replica, "start_asgi_http_server", None)
+    replica_cls = getattr(serve_replica, "Replica", None)
+    if start is None or not hasattr(replica_cls, "_maybe_start_direct_ingress_servers"):
+        return False
+    start = getattr(start, "_archplace_wrapped", start)
+    params = inspect.signature(start).parameters
+    return "enable_so_reuseport" in params and "http_options" in params
+
+
+def serve_http_on(host: str, port: int) -> None:
+    """Make this replica's direct-ingress HTTP server listen on ``host:port`` with ``SO_REUSEPORT``
+    instead of the port Serve's controller allotted it. All replicas on a node then share the
+    service's one port and the kernel spreads new connections over them; a replica that stops closes
+    only its own listener (its accept queue is reset, and clients retry), and one that restarts binds
+    the port again. Called from the replica's constructor, which Serve runs before it starts that
+    server; wraps the function in this replica's process only (as ``bind_internal_grpc_to_node_ip``).
+    ``SO_REUSEPORT`` lets only processes of the same user share a port."""
+    from ray.serve._private import replica as serve_replica
+
+    start = serve_replica.start_asgi_http_server
+    if getattr(start, "_archplace_wrapped", None) is not None:
+        start = start._archplace_wrapped
+
+    async def bind(app, http_options, **kw):
+        kw["enable_so_reuseport"] = True
+        opts = http_options.model_copy(update={"host": host, "port": port})
+        return await start(app, opts, **kw)
+
+    bind._archplace_wrapped = start  # type: ignore[attr-defined]
+    serve_replica.start_asgi_http_server = bind
+
+
 @serve.ingress()
 class ArchplaceService:
     def __init__(self, db: str, auth: str, max_running_operations: int | None, limits=None,
-                 study_limits: dict[str, int] | None = None) -> None:
+                 study_limits: dict[str, int] | None = None,
+                 listen: tuple[str, int] | None = None) -> None:
+        """``listen``: the (host, port) every replica serves under direct ingress, else None."""
         from .app import ServiceState
         from .db import make_engine
         from .http_guard import HttpLimits
         from .operations import OperationRunner
 
         bind_internal_grpc_to_node_ip()
+        if listen is not None:
+            serve_http_on(*listen)
         self.state = ServiceState(make_engine(db), auth=auth, limits=limits or HttpLimits(),
                                   study_limits=study_limits or {})
         self.runner = OperationRunner(self.state.engine, max_running=max_running_operations).start()
@@ -192,6 +258,8 @@ def build(cfg: ServeConfig):
     options: dict[str, Any] = {"num_cpus": 0}  # the ingress waits on the database; CPUs go to evaluations
     if cfg.db.startswith("sqlite") or "://" not in cfg.db:
         options["resources"] = {f"node:{ray.util.get_node_ip_address()}": 0.001}
+    if cfg.direct_ingress:
+        options["runtime_env"] = {"env_vars": dict(DIRECT_INGRESS_ENV)}
     dep = serve.deployment(
         ArchplaceService,
         name="archplace",
@@ -204,7 +272,9 @@ def build(cfg: ServeConfig):
         health_check_timeout_s=10,
         graceful_shutdown_timeout_s=5,
     )
-    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations, cfg.http_limits(), cfg.study_limits())
+    listen = (cfg.host, cfg.port) if cfg.direct_ingress else None
+    return dep.bind(cfg.db, cfg.auth, cfg.max_running_operations, cfg.http_limits(), cfg.study_limits(),
+                    listen)
 
 
 def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
@@ -214,12 +284,24 @@ def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
     from ray.exceptions import RayActorError
 
     check_config(cfg)
+    if cfg.direct_ingress and not direct_ingress_available():
+        import ray
+
+        raise ValueError(f"this Ray ({ray.__version__}) has no Serve direct ingress that archplace can "
+                         "use: serve through Serve's proxy instead (direct_ingress=False)")
+    if cfg.direct_ingress:
+        # the proxy Serve's direct ingress still starts: loopback, a port of the kernel's choosing,
+        # not advertised (the replicas serve --host:--port themselves)
+        http_options: dict[str, Any] = {"host": "127.0.0.1", "port": 0}
+        controller = {"runtime_env": {"env_vars": dict(DIRECT_INGRESS_ENV)}}
+    else:
+        http_options, controller = {"host": cfg.host, "port": cfg.port}, None
     for attempt in range(3):
         # Serve's controller kills a proxy that is not ready within 5 s and starts another with a
         # longer limit, but serve.start raises on the first one: on a loaded machine that made a
         # start (or restart) fail for nothing, so it is asked again, saying so
         try:
-            serve.start(http_options={"host": cfg.host, "port": cfg.port})
+            serve.start(http_options=http_options, controller_options=controller)
             break
         except RayActorError as e:
             if attempt == 2:
