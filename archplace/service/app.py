@@ -39,7 +39,7 @@ from .schemas import (
     TrialList,
     TrialNumber,
 )
-from .studies import Conflict, NotFound, StudyService
+from .studies import DEFAULT_POOL, Conflict, NotFound, StudyService
 
 logger = logging.getLogger("archplace.service")
 
@@ -67,6 +67,7 @@ class ServiceState:
     auth: str = "token"  # "token" or "none" (loopback only; checked by the server)
     limits: HttpLimits = field(default_factory=HttpLimits)  # the HTTP guard's (http_guard.py)
     study_limits: dict[str, int] = field(default_factory=dict)  # StudyService's max_studies, max_points
+    pool: int = DEFAULT_POOL  # proposals each study keeps ready (StudyService's pool; 0: per request)
     studies: StudyService = field(init=False)
     operations: OperationService = field(init=False)
     tokens: TokenCache = field(init=False)
@@ -74,7 +75,7 @@ class ServiceState:
     def __post_init__(self) -> None:
         if self.auth not in ("token", "none"):
             raise ValueError(f"auth must be 'token' or 'none', got {self.auth!r}")
-        self.studies = StudyService(self.engine, **self.study_limits)
+        self.studies = StudyService(self.engine, **self.study_limits, pool=self.pool)
         self.operations = OperationService(self.engine)
         self.tokens = TokenCache(self.engine)
 

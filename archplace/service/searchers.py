@@ -329,6 +329,11 @@ class Entry:
         self.lock = threading.Lock()
         self.searcher: StudySearcher | None = None
         self._config: tuple[str, dict] | None = None   # (config_json, parsed): parsed once per study
+        # proposals made ahead of the requests that take them (StudyService's pool): proposed in the
+        # searcher, neither reserved nor retracted yet
+        self.pool: list[int] = []
+        self.refill_queued = False
+        self.where: tuple[str, str] | None = None       # (owner, name), for the refill
 
     def config(self, text: str) -> dict:
         """The study's configuration, parsed once (a study's config never changes; the text checks it)."""

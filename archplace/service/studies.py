@@ -29,7 +29,9 @@ The guarantees the tests hold us to, and how:
 from __future__ import annotations
 
 import json
+import queue
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -71,10 +73,16 @@ class _Moved(Exception):
 
 
 class _Taken(Exception):
-    """A proposal was reserved by another replica meanwhile: roll back, catch up, propose again."""
+    """A proposal was reserved by another replica meanwhile: roll back, catch up, propose again.
+    ``clash``: the proposals found taken."""
+
+    def __init__(self, clash: set[int] | None = None) -> None:
+        super().__init__()
+        self.clash = set(clash or ())
 
 
 RESERVE_TRIES = 64
+DEFAULT_POOL = 8   # proposals each study keeps ready in a served replica (ServiceState)
 
 # The statements of the request path, built once (issue 47): SQLAlchemy builds a statement object in
 # about 0.4 ms of CPU (coercing each clause), several times what executing it costs; a prebuilt one
@@ -186,11 +194,19 @@ class StudyService:
         cache_points: int = 4 * LIMITS["space_grid_points"],
         sweep_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        pool: int = 0,
     ) -> None:
         self.engine = engine
         self.max_studies, self.max_points, self.clock = max_studies, max_points, clock
         self.cache = SearcherCache(cache_points, sweep_s)
         self._uids: dict[tuple[str, str], str] = {}   # (owner, name) -> the study uid last seen here
+        # pool > 0: each study keeps up to ``pool`` proposals ready, refilled by a background thread
+        # outside any request (OSS Vizier's REQUESTED pool); a suggest that finds enough takes them in
+        # its one write transaction. 0 (the default of a bare StudyService): propose per request.
+        self.pool = int(pool)
+        self._refills: queue.SimpleQueue[Entry] = queue.SimpleQueue()
+        if self.pool > 0:
+            threading.Thread(target=self._refill_loop, daemon=True, name="archplace-proposal-pool").start()
 
     def _sync(self, conn: sa.Connection, row, s: StudySearcher) -> None:
         """Replay the trial events written since ``s.seq`` into the searcher, in the order of the
@@ -382,6 +398,7 @@ class StudyService:
                     continue  # the study was deleted and created again since the row was read
                 except BaseException:
                     e.searcher = None  # the cache may have run ahead of the rows: rebuild it
+                    e.pool = []        # its proposals went with it
                     raise
             # lost a race: step aside a little (jittered, so two replicas do not collide in step)
             time.sleep(_JITTER.uniform(0, 0.002 * (attempt + 1)))
@@ -389,6 +406,84 @@ class StudyService:
 
     def _suggest(self, owner: str, name: str, count: int, client: str, e: Entry) -> SuggestResponse:
         now = self.clock()
+        e.where = (owner, name)
+        if self.pool > 0 and e.searcher is not None and e._config is not None and len(e.pool) >= count:
+            try:
+                return self._suggest_from_pool(owner, name, count, client, e, now)
+            finally:
+                self._queue_refill(e)
+        try:
+            return self._suggest_proposing(owner, name, count, client, e, now)
+        finally:
+            if self.pool > 0:
+                self._queue_refill(e)
+
+    def _suggest_from_pool(self, owner: str, name: str, count: int, client: str, e: Entry,
+                           now: float) -> SuggestResponse:
+        """One write transaction: the pool's first ``count`` proposals reserved (those another replica
+        took meanwhile are retracted; none left and nothing pending: ``_Taken``, the caller retries)."""
+        s = e.searcher
+        synced = s.seq
+        proposals = e.pool[:count]
+        try:
+            with write_tx(self.engine) as conn:
+                out = self._reserve(conn, owner, name, e, e._config[1], count, client, proposals, False, now)
+        except _Taken as taken:   # every proposal it needed is held elsewhere: drop them, retry
+            for i in taken.clash:
+                s.retract(i)
+            e.pool = [i for i in e.pool if i not in taken.clash]
+            raise
+        used, seq_before, seq_after, expired, clash = out.pop("_meta")
+        for number, index in used:
+            s.commit(number, index)
+        gone = {index for _, index in used} | clash
+        for i in clash:
+            s.retract(i)   # another replica holds it
+        e.pool = [i for i in e.pool if i not in gone]
+        if seq_before == synced and not expired:
+            s.seq = seq_after  # nothing else was written in between: the cache has it all
+        return SuggestResponse(**out)
+
+    def _queue_refill(self, e: Entry) -> None:
+        if not e.refill_queued and len(e.pool) < self.pool:
+            e.refill_queued = True
+            self._refills.put(e)
+
+    def _refill_loop(self) -> None:
+        while True:
+            e = self._refills.get()
+            try:
+                self._refill(e)
+            except Exception:  # noqa: BLE001 - a refill is an optimisation: the next suggest proposes itself
+                with e.lock:
+                    for i in e.pool:
+                        if e.searcher is not None:
+                            e.searcher.retract(i)
+                    e.pool = []
+                    e.searcher = None
+            finally:
+                e.refill_queued = False
+
+    def _refill(self, e: Entry) -> None:
+        """Outside any request: bring the study's searcher up to date and propose until its pool holds
+        ``pool`` proposals (or the searcher has nothing more)."""
+        with e.lock:
+            if e.searcher is None or e.where is None or self.cache.get(e.uid) is not e:
+                return
+            owner, name = e.where
+            with read_tx(self.engine) as conn:
+                row = self._get_row(conn, owner, name)
+                if row["uid"] != e.uid:
+                    return
+                self._sync(conn, row, e.searcher)
+            while len(e.pool) < self.pool:
+                i = e.searcher.propose()
+                if i is None:
+                    break
+                e.pool.append(i)
+
+    def _suggest_proposing(self, owner: str, name: str, count: int, client: str, e: Entry,
+                           now: float) -> SuggestResponse:
         # 1. outside the write lock: bring the cache up to date, release overdue leases, propose
         with read_tx(self.engine) as conn:
             self.cache.sweep(conn)
@@ -429,7 +524,7 @@ class StudyService:
             for i in proposals:
                 s.retract(i)
             raise
-        used, seq_before, seq_after, expired = out.pop("_meta")
+        used, seq_before, seq_after, expired, _clash = out.pop("_meta")
         for number, index in used:
             s.commit(number, index)
         taken = {index for _, index in used}
@@ -457,11 +552,12 @@ class StudyService:
             want = min(want, config["max_trials"] - live)
         take = proposals[: max(want, 0)]
         short = exhausted and len(take) < want  # the searcher has nothing more
+        clash: set[int] = set()
         if take:  # another replica may have reserved some meanwhile: take the rest
             clash = set(conn.execute(SQL["clash"], {"p_sid": sid, "p_archs": list(take)}).scalars())
             take = [i for i in take if i not in clash]
             if not take and not pending:
-                raise _Taken  # rolls back this transaction, the expiry included
+                raise _Taken(clash)  # rolls back this transaction, the expiry included
         number, new = row["trial_count"], []
         for i in take:
             number += 1
@@ -499,7 +595,7 @@ class StudyService:
             "trials": [_trial_model(r, owner, name) for r in rows],
             "done": not rows and done_reason is not None,
             "done_reason": done_reason,
-            "_meta": ([(t["number"], t["arch_index"]) for t in new], seq_before, seq, released),
+            "_meta": ([(t["number"], t["arch_index"]) for t in new], seq_before, seq, released, clash),
         }
 
     def complete(self, owner: str, name: str, number: int, req: CompleteRequest) -> TrialModel:
