@@ -15,10 +15,11 @@ replica's process, Serve's own admission, ``max_queued_requests`` and 503s, drai
 request crosses one HTTP hop instead of two (client -> Serve's proxy -> the replica over Ray). Serve
 gives each such replica a port of its own from 30000 up, published only to its controller; here every
 replica binds ``--port`` itself with ``SO_REUSEPORT`` instead (``serve_http_on``), so clients keep the
-one URL they had and the kernel spreads their connections over the node's replicas, and a replica that
-restarts takes the same port again. Serve still runs its proxy (its direct ingress needs one), on
-127.0.0.1 and a port of the kernel's choosing, which nothing is told of. Off, the proxy serves
-``--port`` and forwards to the replicas as before.
+one URL they had and the kernel spreads their connections over the replicas (all on the node that
+started the service, whose port that is), and a replica that restarts takes the same port again.
+Serve still runs its proxy (its direct ingress needs one), on 127.0.0.1 and a port of the kernel's
+choosing, which nothing is told of. Off, the proxy serves ``--port`` and forwards to the replicas as
+before.
 
 Exposure: the HTTP port binds ``--host``; each replica's internal gRPC server (Serve binds it to all
 interfaces) is bound to the Ray node's address instead, which is 127.0.0.1 for the embedded Ray; the
@@ -42,12 +43,20 @@ logger = logging.getLogger("archplace.service")
 
 APP_NAME = "archplace"
 
-# the environment of the controller and each replica under direct ingress: no minimum draining period
+# the environment of the controller and each replica under direct ingress. No minimum draining period
 # (it lets an external load balancer deregister a replica first, and kept every shutdown 30 s long;
-# here the kernel stops handing a closed listener connections at once)
+# here the kernel stops handing a closed listener connections at once). And three of Serve's
+# RAY_SERVE_THROUGHPUT_OPTIMIZED settings, for the replica: the app on the replica's own event loop
+# rather than a second loop in a thread of its own (each request's messages crossed between the two;
+# the routes still run in the app's thread pool, the token lookups in the guard's), access-log lines
+# written 1,000 at a time (at once for an error), and the objects of start-up frozen out of the
+# garbage collector's scans. bench/service/serve_hop.py measures each.
 DIRECT_INGRESS_ENV = {
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+    "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1",
 }
 
 
@@ -256,7 +265,10 @@ def build(cfg: ServeConfig):
     import ray
 
     options: dict[str, Any] = {"num_cpus": 0}  # the ingress waits on the database; CPUs go to evaluations
-    if cfg.db.startswith("sqlite") or "://" not in cfg.db:
+    # on the node that started the service: SQLite is a file there; and under direct ingress the
+    # replicas serve that node's --port, the URL clients are given (a replica on another node would
+    # serve its own node's port, which nobody is told of)
+    if cfg.direct_ingress or cfg.db.startswith("sqlite") or "://" not in cfg.db:
         options["resources"] = {f"node:{ray.util.get_node_ip_address()}": 0.001}
     if cfg.direct_ingress:
         options["runtime_env"] = {"env_vars": dict(DIRECT_INGRESS_ENV)}

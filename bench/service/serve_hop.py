@@ -6,10 +6,13 @@ Modes, each in a fresh subprocess with its own embedded Ray (all the machine's C
 SQLite, token auth, ``ServeConfig`` defaults otherwise:
 
 * ``proxy``: ``direct_ingress=False``, the path before direct ingress.
-* ``direct``: ``direct_ingress=True``, what ``archplace serve`` runs.
-* ``direct-tput``: ``direct`` with ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` in every Ray process (user
-  code on the replica's main event loop, access logs buffered, the router in the same loop, the
-  garbage collector frozen after start-up).
+* ``direct-threaded``: Serve's direct ingress alone (the app on a second event loop in a thread of its
+  own, Serve's default; access-log lines written one by one).
+* ``direct``: ``direct_ingress=True``, what ``archplace serve`` runs: direct ingress with the app on
+  the replica's own event loop, access logs buffered, the start-up objects frozen out of the garbage
+  collector (``deployment.DIRECT_INGRESS_ENV``).
+* ``direct-tput``: ``direct`` with ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` in every Ray process (also:
+  no replica logs on stderr, the router in the same loop, gRPC between deployments).
 
 Routes, at each level of concurrent clients (threads in this process, one keep-alive connection each):
 
@@ -23,7 +26,7 @@ CPU: seconds by process over each level (this process = the clients; Serve's pro
 replica; Ray's GCS and raylet) divided by the requests. The machine's load average is recorded: on a
 busy machine wall times and requests/s stretch, the CPU per request much less.
 
-    python bench/service/serve_hop.py [--modes proxy,direct,direct-tput] [--levels 16,64]
+    python bench/service/serve_hop.py [--modes proxy,direct-threaded,direct,direct-tput] [--levels 16,64]
                                       [--requests 1200] [--rounds 256] [--out FILE.json]
 """
 
@@ -47,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 OUT = ROOT / "bench" / "service" / "results" / "serve_hop.json"
-MODES = ("proxy", "direct", "direct-tput")
+MODES = ("proxy", "direct-threaded", "direct", "direct-tput")
 
 
 # ---------------------------------------------------------------------- CPU by process
@@ -190,6 +193,12 @@ def suggest_level(url: str, token: str, clients: int, rounds: int, pids) -> dict
 def child(mode: str, levels: list[int], requests_total: int, rounds: int) -> dict:
     if mode == "direct-tput":
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"  # before Ray starts: every process inherits it
+    if mode == "direct-threaded":
+        from archplace.service import deployment
+
+        for k in ("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE",
+                  "RAY_SERVE_FREEZE_GC_ON_STARTUP"):
+            deployment.DIRECT_INGRESS_ENV.pop(k)  # Serve's defaults
     import ray
     from ray import serve
     from serve_load import free_port, serve_pids
