@@ -111,7 +111,7 @@ def test_ctrl_c_exits_130_and_keeps_the_rows(interrupted):
     with no word that the search was cut short."""
     assert interrupted["rc"] == 130, interrupted["stderr"][-3000:]
     last = interrupted["stderr"].strip().splitlines()[-1]
-    assert last == "archplace search: interrupted, resume with --resume"
+    assert last == "archplace search: stopped by SIGINT, resume with --resume"
     assert "Traceback" not in interrupted["stderr"] and interrupted["stdout"] == ""
     assert 1 <= len(interrupted["before"]) < BUDGET
 

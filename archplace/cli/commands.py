@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from archplace.cli import (
     tune_rl,
     vocabulary,
 )
+from archplace.platform import ray_connect
 
 # a subcommand: (add its parser, run it -> the --json dict, print that dict for people)
 Command = tuple[Callable, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], None]]
@@ -84,12 +86,18 @@ FIRST_PHASE = {"models": "listing the models", "graph": "building the graph",
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:   # the program: SIGTERM or Ctrl-C at any moment ends it in seconds, in one line
+        ray_connect.install_stop_handlers(f"archplace {args.command}")
     if args.no_cache:  # in the environment, so the Ray workers this process starts inherit it
         os.environ["ARCHPLACE_CACHE_DIR"] = ""
     if args.command == "serve":   # a long-running server (or its token commands), not a one-shot result
         try:
             with status.Status("serve", "checking the configuration", enabled=argv is None):
-                return serve.run(args)
+                rc = serve.run(args)
+            ray_connect.stopping()   # done: a signal while the process exits is noted, not raised
+            return rc
+        except KeyboardInterrupt as e:   # stopped while starting (serving, it shuts down by itself)
+            return stopped(args.command, e)
         except (ValueError, OSError, TimeoutError) as e:
             print(f"archplace serve: error: {e}", file=sys.stderr)
             return 2
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         with status.Status(args.command, FIRST_PHASE.get(args.command, "checking the input"),
                            enabled=argv is None):
             res = run(args)
+    except KeyboardInterrupt as e:
+        return stopped(args.command, e)
     except api.InvalidRequest as e:  # the API names request fields; the CLI user knows the flags
         print(f"archplace {args.command}: error: {e.render({f: _flag(f, args) for f in e.fields})}",
               file=sys.stderr)
@@ -114,4 +124,23 @@ def main(argv: list[str] | None = None) -> int:
             show(res)
     except BrokenPipeError:  # `archplace ... | head`: the reader left, nothing is wrong
         sys.stderr.close()
+    except KeyboardInterrupt as e:   # stopped while printing the result
+        return stopped(args.command, e)
+    ray_connect.stopping()   # done: a signal while the process exits (Ray's shutdown) is noted, not raised
     return partitioning.exit_status(res) if args.command == "partition" else 0  # 1: no partition fits
+
+
+def stopped(command: str, e: KeyboardInterrupt) -> int:
+    """SIGTERM or Ctrl-C stopped the command: the embedded Ray and every process this one started go
+    (the watchdog of ``ray_connect.install_stop_handlers`` bounds it), then one line, and exit status
+    128 + the signal (130 for Ctrl-C, 143 for SIGTERM). What a search stored stays (``--resume``)."""
+    hint = getattr(e, "hint", None)
+    if ray_connect.stop_handlers_installed():
+        ray_connect.stopping()   # later signals wait for this clean-up instead of cutting it short
+        ray_connect.shutdown_ray()
+    elif hint is None:   # a Python caller's Ctrl-C (main(argv)) is its own, and so is its Ray
+        raise e
+    signum = ray_connect.stop_signal() or getattr(e, "signum", None) or signal.SIGINT
+    ray_connect.say(f"archplace {command}: stopped by {signal.Signals(signum).name}"
+                    + (f", {hint}" if hint else ""))
+    return 128 + signum

@@ -7,7 +7,6 @@ each ``print_*`` writes the human summary; each ``add_*_parser`` declares the fl
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any
 
 from archplace import api
@@ -57,15 +56,11 @@ def cmd_search(args) -> dict[str, Any]:
         screen_top_k=args.screen_top_k,
         screen_prune=args.screen_prune)
     req = dataclasses.replace(req, **_codesign_args(args))
-    try:
-        # the progress line is on stderr: with --json too when run as the program
-        res = api.search(req, terminal_progress=not args.json or st is not None)
-        return {**res.to_dict(), BUDGETS_KEY: _budgets(req)}
-    except KeyboardInterrupt:
-        # Ctrl-C: the architectures that finished are stored; exit 130 (128 + SIGINT) as shells expect,
-        # where Tune's own handler used to end the run as if it had finished, exit 0 (issue 29)
-        print("archplace search: interrupted, resume with --resume", file=sys.stderr)
-        raise SystemExit(130) from None
+    # the progress line is on stderr: with --json too when run as the program. Ctrl-C or SIGTERM: the
+    # architectures that finished are stored, and commands.stopped exits 130 / 143 (128 + the signal)
+    # with "resume with --resume", where Tune's own handler used to end the run as if it had finished
+    res = api.search(req, terminal_progress=not args.json or st is not None)
+    return {**res.to_dict(), BUDGETS_KEY: _budgets(req)}
 
 
 def _budgets(req) -> dict[str, Any]:

@@ -123,6 +123,7 @@ def serve_forever(args) -> int:
     import json
 
     from archplace.cli import status
+    from archplace.platform import ray_connect
     from archplace.platform.search import connect
     from archplace.service.deployment import ServeConfig, check_config, port_free, start, wait_port_free
 
@@ -146,6 +147,14 @@ def serve_forever(args) -> int:
     status.phase(f"starting the service on Ray Serve ({cfg.replicas} replica(s), port {cfg.port})")
     try:
         url = start(cfg)
+        ray_connect.raise_if_stopped()   # a stop that Serve's start-up swallowed
+    except KeyboardInterrupt:
+        # stopped while Serve starts: the embedded Ray goes with this process (commands.stopped); on an
+        # attached cluster the half-started service is shut down, as a stop while serving does
+        if args.address is not None:
+            ray_connect.stopping()
+            _serve_shutdown()
+        raise
     except Exception as e:  # Ray or Serve could not start it: one line, as every CLI error
         if isinstance(e, (ValueError, OSError, TimeoutError)):
             raise
@@ -167,8 +176,17 @@ def serve_forever(args) -> int:
                 "requests need 'Authorization: Bearer TOKEN' (archplace serve token create OWNER)", flush=True
             )
     stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum, frame) -> None:   # the first one shuts the service down; later ones wait for it
+        signals.append(signum)
+        ray_connect.note_stop(signum, handled=True)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    if ray_connect.stop_signal() is not None:   # one came between the start and these handlers
+        on_signal(ray_connect.stop_signal(), None)
     stop.wait()
     _say("shutting down")
     if _ray_gone():
@@ -176,14 +194,27 @@ def serve_forever(args) -> int:
         # embedded Ray's processes too: Serve's shutdown would wait 30 s for a dead controller, then 30 s
         # for the port, and Ray's client a minute more for its GCS, printing errors
         _say("Ray's processes were stopped with this one: nothing left to shut down")
-        return 0
+    else:
+        _serve_shutdown()
+        # exit only once the proxy has let go of the port, so a restart on it can bind at once
+        if not wait_port_free(cfg.host, cfg.port, timeout_s=20):
+            _say(f"warning: --port {cfg.port} still in use 20 s after shutdown")
+    if ray_connect.stop_handlers_installed():   # the program (a Python caller's Ray is its own):
+        # the embedded Ray shut down here, not in Python's exit, and anything of it left killed: the
+        # line below is the last one, and nothing of the service outlives it
+        ray_connect.shutdown_ray()
+    _say(f"archplace serve: stopped by {signal.Signals(signals[0]).name}" if signals else
+         "archplace serve: stopped")
+    return 0   # the service was up and shut down cleanly on request
+
+
+def _serve_shutdown() -> None:
     from ray import serve
 
-    serve.shutdown()
-    # exit only once the proxy has let go of the port, so a restart on it can bind at once
-    if not wait_port_free(cfg.host, cfg.port, timeout_s=30):
-        _say(f"warning: --port {cfg.port} still in use 30 s after shutdown")
-    return 0
+    try:
+        serve.shutdown()
+    except Exception as e:  # noqa: BLE001 - a controller already gone: what is left goes with Ray
+        _say(f"note: Serve's shutdown: {type(e).__name__}: {str(e).strip()[:200]}")
 
 
 def _ray_gone(wait_s: float = 1.0) -> bool:

@@ -1,6 +1,11 @@
 """Connecting the search to Ray: the embedded instance on 127.0.0.1 (never a cluster it was not given),
 or ``--address`` (auto or HOST:PORT), checked before anything is created and said aloud while it waits:
-the cluster joined, its CPUs, and what Ray's client last logged while an attach takes long."""
+the cluster joined, its CPUs, and what Ray's client last logged while an attach takes long.
+
+And stopping a command that holds a Ray: SIGTERM or Ctrl-C at any moment (starting Ray, working,
+shutting down) ends it within :data:`GRACE_S` seconds, with the embedded Ray and everything else the
+process started gone, one line on stderr and exit status 128 + the signal (see
+:func:`install_stop_handlers`), never a native stack dump from Ray's core worker."""
 
 from __future__ import annotations
 
@@ -8,10 +13,13 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
 import threading
+import time
+import warnings
 
 _status = logging.getLogger("archplace.status")
 
@@ -34,14 +42,16 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         _loopback_only()
         # "local": always a new Ray of our own. Without it, ray.init() joins the cluster a `ray start`
         # on this machine recorded in /tmp/ray/ray_current_cluster, or RAY_ADDRESS (issue 29)
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kw)
+        with _stop_handlers_kept():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kw)
         return
     with _stderr_captured() as captured:
         attached = threading.Event()
         threading.Thread(target=_say_while_attaching, args=(captured, address, attached), daemon=True,
                          name="archplace-attach").start()
         try:
-            ray.init(address=address, **kw)
+            with _stop_handlers_kept():
+                ray.init(address=address, **kw)
             error = None
         except (ConnectionError, RuntimeError, ValueError) as e:
             error = e
@@ -153,3 +163,271 @@ def _loopback_only() -> None:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     rc.ENABLE_RAY_CLUSTER = False
+
+
+# ---------------------------------------------------------------------- stopping: SIGTERM and Ctrl-C
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_S = 25.0     # from the first stop signal to the exit, whatever the command was doing
+RERAISE_S = 2.0    # a stop that a library swallowed (a bare except while Ray starts) is raised again
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT stopped the command: raised in the main thread by the stop handler."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _StopState:
+    def __init__(self) -> None:
+        self.command: str | None = None   # "archplace serve": the handlers are installed
+        self.signum: int | None = None    # the first stop signal
+        self.at = 0.0                      # when it came (monotonic)
+        self.grace_s = GRACE_S
+        self.handled = threading.Event()   # the command has the stop in hand: no more interrupts
+        self.lock = threading.Lock()
+
+
+_STOP = _StopState()
+
+
+def install_stop_handlers(command: str, grace_s: float = GRACE_S) -> bool:
+    """Make SIGTERM and SIGINT stop this process as a command should (``command``: "archplace serve",
+    the prefix of its lines). The first signal raises :class:`Stopped` in the main thread (a layer with
+    a gentler way, the search's trials or the service's shutdown, takes it over with
+    :func:`note_stop`); later ones are ignored once the command has the stop in hand (:func:`stopping`),
+    so its clean-up is not cut short; a stop swallowed on the way is raised again; and ``grace_s``
+    after the first signal the process ends regardless: one line, what it started killed, exit
+    128 + the signal. For the command line only (a process of its own): False, and nothing done,
+    outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _STOP.command, _STOP.grace_s = command, grace_s
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
+    _child_subreaper()
+    return True
+
+
+def _child_subreaper() -> None:
+    """Linux: what this process started, and what those started, stays below it even when their
+    parent dies first (a raylet killed while it started its agents left them to init, running), so
+    :func:`shutdown_ray` finds every one."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_handlers_installed() -> bool:
+    return _STOP.command is not None
+
+
+def _on_stop_signal(signum: int, frame) -> None:
+    note_stop(signum)
+    if not _STOP.handled.is_set() and not _importing(frame):
+        raise Stopped(_STOP.signum or signum)
+
+
+def _importing(frame) -> bool:
+    """Whether the main thread is importing a module: an interrupt there leaves it half made (Cython's
+    modules print "Exception ignored" and patch nothing), and the shutdown needs Ray's modules whole.
+    The watchdog sends the signal again once the import is done."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def note_stop(signum: int, handled: bool = False) -> None:
+    """Record a stop signal (the first one counts, and starts the watchdog); ``handled``: the caller
+    takes care of stopping (no interrupt is raised for it). Nothing happens without
+    :func:`install_stop_handlers` (a Python caller's signals are its own)."""
+    if _STOP.command is None:
+        return
+    with _STOP.lock:
+        first = _STOP.signum is None
+        if first:
+            _STOP.signum, _STOP.at = signum, time.monotonic()
+    if handled:
+        _STOP.handled.set()
+    if first:
+        # stopping: Python's warnings, and an interrupt that met code that cannot raise (a __del__, a
+        # module's init: "Exception ignored in ..."), are no news for the user; the line says it all
+        warnings.simplefilter("ignore")
+        default_hook = sys.unraisablehook
+
+        def unraisable(info) -> None:
+            if not isinstance(info.exc_value, KeyboardInterrupt):
+                default_hook(info)
+
+        sys.unraisablehook = unraisable
+        threading.Thread(target=_watchdog, name="archplace-stop", daemon=True).start()
+
+
+def stop_signal() -> int | None:
+    """The signal that stopped the command (None: none came, or no stop handlers)."""
+    return _STOP.signum
+
+
+def stopping() -> None:
+    """The command is cleaning up after a stop, or exiting: later signals are noted, not raised (the
+    watchdog bounds what is left)."""
+    if _STOP.command is not None:
+        _STOP.handled.set()
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Stopped` if a stop signal came and nothing took it in hand (a library swallowed
+    the interrupt): called where a long step returns."""
+    if _STOP.signum is not None and not _STOP.handled.is_set():
+        raise Stopped(_STOP.signum)
+
+
+def stop_line(signum: int, what: str = "") -> str:
+    return f"{_STOP.command or 'archplace'}: stopped by {signal.Signals(signum).name}{what}"
+
+
+def _watchdog() -> None:
+    st = _STOP
+    deadline, raised = st.at + st.grace_s, st.at
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            _force_exit()
+        if not st.handled.is_set() and now - raised >= RERAISE_S and not _main_unwinding():
+            raised = now
+            try:   # a real signal to the main thread: it also ends a wait the flag alone would not
+                signal.pthread_kill(threading.main_thread().ident, st.signum)
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.2)
+
+
+def _main_unwinding() -> bool:
+    """Whether the main thread is handling an interrupt (its ``finally`` blocks and ``except``
+    clauses run with it): not to be cut short by raising another."""
+    try:
+        exc = sys._current_exceptions().get(threading.main_thread().ident)
+    except AttributeError:   # not CPython
+        return True
+    if isinstance(exc, tuple):   # Python 3.11: (type, value, traceback)
+        exc = exc[1]
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def _force_exit() -> None:
+    """The clean-up took longer than the grace period: kill what this process started and exit."""
+    signum = _STOP.signum or signal.SIGTERM
+    _kill(_descendants())
+    say(stop_line(signum, f" (its clean-up cut short after {_STOP.grace_s:g} s)"))
+    os._exit(128 + signum)
+
+
+def say(text: str) -> None:
+    """A line on stderr; a reader that left (a closed pipe) must not stop the shutdown."""
+    try:
+        sys.stderr.flush()
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def _stop_handlers_kept():
+    """Around ``ray.init`` in a command with stop handlers: Ray's own SIGTERM handler (``sys.exit`` in
+    the middle of whatever runs) is not installed, and the core worker does not install its C++
+    failure signal handler in this process, which printed a native stack trace on SIGTERM and aborted
+    (SIGABRT, no clean-up); a real crash still prints the Python stack (``faulthandler``). The Ray
+    workers keep theirs (their logs). A stop that came meanwhile is raised when ray.init returns."""
+    if _STOP.command is None:
+        yield
+        return
+    import faulthandler
+
+    import ray._private.ray_constants as rc
+    import ray._private.utils as ru
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+    rc.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    saved = getattr(ru, "set_sigterm_handler", None)
+    ru.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            ru.set_sigterm_handler = saved
+        for sig in STOP_SIGNALS:   # ours again, whatever ray.init installed
+            if signal.getsignal(sig) is not _on_stop_signal:
+                signal.signal(sig, _on_stop_signal)
+    raise_if_stopped()
+
+
+def shutdown_ray(wait_s: float = 3.0) -> None:
+    """The embedded Ray gone (``ray.shutdown``; an attached cluster is only left), then every process
+    this one started that is still there after ``wait_s`` is killed: a Ray interrupted while starting
+    has no node to shut down, and its agents outlived it."""
+    tree = _descendants()
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - a half-started Ray: what it left is killed below
+            pass
+    deadline = time.monotonic() + wait_s
+    while True:
+        tree.update(_descendants())   # and what they started meanwhile (left to this subreaper)
+        if time.monotonic() >= deadline or not any(_alive(p, t) for p, t in tree.items()):
+            break
+        time.sleep(0.1)
+    _kill(tree)
+
+
+def _descendants(root: int | None = None) -> dict[int, str]:
+    """Every process below ``root`` (this one): pid -> its start time (to tell a reused pid)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        st = _stat(pid)
+        if st is not None:
+            children.setdefault(int(st[1]), []).append((pid, st[19]))
+    out: dict[int, str] = {}
+    todo = [os.getpid() if root is None else root]
+    while todo:
+        for pid, start in children.get(todo.pop(), ()):
+            if pid not in out:
+                out[pid] = start
+                todo.append(pid)
+    return out
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str) -> bool:
+    st = _stat(pid)
+    return st is not None and st[19] == start and st[0] not in ("Z", "X")
+
+
+def _kill(tree: dict[int, str]) -> None:
+    for pid, start in tree.items():
+        if _alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import ray_connect
 from .lock import OutDirLock
 from .progress import _hms, _Progress, _status, run_start, set_run_start  # noqa: F401  (re-exported)
 from .ray_connect import _loopback_only, check_address, connect  # noqa: F401  (re-exported)
@@ -195,17 +196,20 @@ class _Either:
 
 
 class SearchInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the search: the trials in flight were stopped, every architecture that
-    finished is stored, and ``--resume`` continues."""
+    """Ctrl-C (or, from the command line, SIGTERM) stopped the search: the trials in flight were
+    stopped, every architecture that finished is stored, and ``--resume`` continues."""
+
+    hint = "resume with --resume"   # the command line's stop line ends with it
 
 
 @contextlib.contextmanager
 def _sigint_stops(event: threading.Event):
-    """While Tune runs, the first Ctrl-C (SIGINT) sets ``event``: the stopper ends the experiment,
-    the store is closed with every finished row, and ``run_search`` raises ``SearchInterrupted``;
-    a second Ctrl-C raises ``KeyboardInterrupt`` at once. Tune's own handler is kept out: it ended
-    the run as if it had finished, so ``archplace search`` exited 0 with a normal summary (issue 29).
-    Only the main thread may set signal handlers; elsewhere nothing changes."""
+    """While Tune runs, the first Ctrl-C (SIGINT; from the command line SIGTERM too) sets ``event``:
+    the stopper ends the experiment, the store is closed with every finished row, and ``run_search``
+    raises ``SearchInterrupted``; a second one raises ``KeyboardInterrupt`` at once. Tune's own
+    handler is kept out: it ended the run as if it had finished, so ``archplace search`` exited 0 with
+    a normal summary (issue 29). A stop that came before (and that a library swallowed) stops it at
+    once. Only the main thread may set signal handlers; elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -213,15 +217,22 @@ def _sigint_stops(event: threading.Event):
     def handler(signum, frame):
         if event.is_set():
             raise KeyboardInterrupt
+        ray_connect.note_stop(signum, handled=True)   # the command's exit status names it
         event.set()
 
-    old = signal.signal(signal.SIGINT, handler)
+    if ray_connect.stop_signal() is not None:
+        ray_connect.note_stop(ray_connect.stop_signal(), handled=True)
+        event.set()
+    # SIGTERM only in the command line's process (its stop handlers): a Python caller's is its own
+    sigs = ray_connect.STOP_SIGNALS if ray_connect.stop_handlers_installed() else (signal.SIGINT,)
+    old = {sig: signal.signal(sig, handler) for sig in sigs}
     old_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
         if old_env is None:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
@@ -387,7 +398,7 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
                            archs_per_trial=archs_per_trial, schedule_cache=schedule_cache,
                            wait_timeout_s=wait_timeout_s, task_timeout_s=task_timeout_s, progress=progress,
                            report=report, on_evaluated=on_evaluated, cancel=cancel, started=started)
-    except BaseException:
+    except BaseException as e:
         # a new search that stored nothing (bad input found late, Ray failing, Ctrl-C while starting)
         # leaves no search.json behind: it made the corrected command fail with "already holds a
         # search" (issue 29)
@@ -396,6 +407,14 @@ def run_search(settings: SearchSettings, out_dir: str | Path, *, searcher: str =
             if created and not len(store):
                 lock.release()
                 remove_created(out, schedule_cache)
+        if isinstance(e, KeyboardInterrupt):
+            # stopped: a search that keeps rows says so (--resume continues it), whenever the stop came;
+            # one that stored none was removed above, and there is nothing to resume
+            if store.holds_search() and not isinstance(e, SearchInterrupted):
+                raise SearchInterrupted(f"interrupted with {len(store)} rows stored; resume with --resume"
+                                        ) from None
+            if not store.holds_search() and isinstance(e, SearchInterrupted):
+                raise KeyboardInterrupt("interrupted before any row was stored") from None
         raise
     finally:
         lock.release()
