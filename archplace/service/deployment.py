@@ -338,9 +338,11 @@ def start(cfg: ServeConfig, wait_s: float = 120.0) -> str:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether Serve's proxy can bind ``host:port``. With ``SO_REUSEADDR``, as every server sets it:
-    without it the connections a stopped service closed (TIME_WAIT, 60 s on Linux) made the port look
-    taken, and a restart on the same port was refused for a minute; a live listener still counts."""
+    """Whether the service (its replicas; Serve's proxy without direct ingress) can bind ``host:port``.
+    With ``SO_REUSEADDR``, as every server sets it: without it the connections a stopped service closed
+    (TIME_WAIT, 60 s on Linux) made the port look taken, and a restart on the same port was refused for
+    a minute; a live listener still counts (the replicas' ``SO_REUSEPORT`` does not admit this socket,
+    which does not set it)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -351,8 +353,8 @@ def port_free(host: str, port: int) -> bool:
 
 
 def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
-    """Wait until nothing listens on ``host:port`` (Serve's proxy is a separate process that lets go
-    of the port a moment after ``serve.shutdown()`` returns)."""
+    """Wait until nothing listens on ``host:port`` (the replicas, or Serve's proxy, are processes of
+    their own that let go of the port a moment after ``serve.shutdown()`` returns)."""
     deadline = time.monotonic() + timeout_s
     while not port_free(host, port):
         if time.monotonic() > deadline:
