@@ -140,7 +140,9 @@ def test_nothing_of_the_service_listens_beyond_loopback(served):
             replica_ports += [a.port for a in listen]
     print(f"\n{n} listening sockets in the service's process tree, {len(replica_ports)} of the replica")
     assert wide == []
-    assert len(replica_ports) == 2  # Ray's core worker and Serve's gRPC server, both on loopback
+    # Ray's core worker and Serve's gRPC server, both on loopback, and (direct ingress, issue 47) the
+    # service's own HTTP port, which the replica serves itself
+    assert len(replica_ports) == 3 and served["port"] in replica_ports
 
 
 def test_client_keeps_working_through_a_sigterm_restart_on_the_same_port(served):
