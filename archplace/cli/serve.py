@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
         help="bearer tokens per owner (default), or none (127.0.0.1 only)",
     )
     s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--no-direct-ingress", action="store_true",
+                   help="serve through Ray Serve's HTTP proxy (a second hop) instead of each replica serving "
+                        "--port itself (the default: Serve's direct ingress)")
     s.add_argument("--max-ongoing-requests", type=int, default=128)
     s.add_argument("--max-queued-requests", type=int, default=512)
     s.add_argument(
@@ -139,6 +142,7 @@ def serve_forever(args) -> int:
         body_timeout_s=args.body_timeout_s,
         max_studies_per_owner=args.max_studies_per_owner,
         max_points_per_owner=args.max_points_per_owner,
+        direct_ingress=not args.no_direct_ingress,
     )
     check_config(cfg)
     if not port_free(cfg.host, cfg.port):
