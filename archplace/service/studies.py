@@ -379,10 +379,10 @@ class StudyService:
         try:
             with write_tx(self.engine) as conn:
                 out = self._reserve(conn, owner, name, e, e._config[1], count, client, proposals, False, now)
-        except _Taken as taken:   # every proposal it needed is held elsewhere: drop them, retry
-            for i in taken.clash:
+        except _Taken:   # every proposal it needed is held elsewhere: the pool is stale, drop it all;
+            for i in e.pool:   # the retry proposes after catching up, as without a pool
                 s.retract(i)
-            e.pool = [i for i in e.pool if i not in taken.clash]
+            e.pool = []
             raise
         used, seq_before, seq_after, expired, clash = out.pop("_meta")
         for number, index in used:
