@@ -62,6 +62,55 @@ GRID2 = {  # a 2-point space: num_tc in {1, 2}, everything else fixed
 }
 
 
+def contend(db: Path, searcher: str, **replica_kw) -> None:
+    """Eight threads on each of two replicas suggest (count 2) and complete on one study; every fifth
+    trial is abandoned and the shared clock runs its lease out. Asserts: no error, no architecture held
+    twice, every completion stored with its value, more than 50 of them, and some released architectures
+    handed out again (tests/test_service_leases.py, and with a proposal pool tests/test_service_pool.py)."""
+    from collections import Counter
+
+    from archplace.service.studies import Conflict
+
+    clock = Clock()
+    a, b = replicas(db, clock=clock, **replica_kw)
+    a.create("alice", study("c", searcher=searcher, lease_s=100, seed=3))
+    done, errors, lock = {}, [], threading.Lock()
+
+    def worker(svc, k: int) -> None:
+        try:
+            for r in range(6):
+                for t in ask(svc, "alice", "c", count=2, client_id=f"w{k}-{r}").trials:
+                    if (t.number + k) % 5 == 0:
+                        continue  # abandoned: its lease runs out below
+                    try:
+                        tell(svc, "alice", "c", t.number, float(t.arch_index % 11))
+                    except Conflict as e:  # its lease ran out first: the trial is ABANDONED
+                        assert "ABANDONED" in str(e)
+                        continue
+                    with lock:
+                        done[t.number] = float(t.arch_index % 11)
+                if k == 0:
+                    clock.advance(60)  # leases run out now and then
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(svc, k)) for k in range(8) for svc in (a, b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    assert not errors, errors[:3]
+    rows = a.trials("alice", "c", page_size=1000).trials
+    held = [t.arch_index for t in rows if not (t.state == "ABANDONED")]
+    assert max(Counter(held).values()) == 1
+    by_number = {t.number: t for t in rows}
+    for n, v in done.items():
+        assert by_number[n].state == "COMPLETED" and by_number[n].value == v
+    assert len(done) > 50
+    released = {t.arch_index for t in rows if t.state == "ABANDONED"}
+    assert released and released & set(held)  # leases ran out and their architectures went out again
+
+
 class HttpApp:
     """The service's FastAPI app over ``db`` (auth none), served by uvicorn in a daemon thread."""
 

@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 
 import pytest
-from service_core_util import Clock, ask, replicas, study, tell
+from service_core_util import Clock, ask, contend, replicas, study, tell
 
 
 def _held(svc, owner: str, name: str) -> list[int]:
@@ -207,46 +207,7 @@ def test_two_replicas_under_contention_hand_out_no_architecture_twice(tmp_path, 
     searcher, so it never collided; this is the new reservation's own test.) Every fifth trial its
     worker abandons by letting its lease run out on the shared clock, so released architectures are
     handed out again in the middle of it all."""
-    from archplace.service.studies import Conflict
-
-    clock = Clock()
-    a, b = replicas(tmp_path / "s.db", clock=clock)
-    a.create("alice", study("c", searcher=searcher, lease_s=100, seed=3))
-    done, errors, lock = {}, [], threading.Lock()
-
-    def worker(svc, k: int) -> None:
-        try:
-            for r in range(6):
-                for t in ask(svc, "alice", "c", count=2, client_id=f"w{k}-{r}").trials:
-                    if (t.number + k) % 5 == 0:
-                        continue  # abandoned: its lease runs out below
-                    try:
-                        tell(svc, "alice", "c", t.number, float(t.arch_index % 11))
-                    except Conflict as e:  # its lease ran out first: the trial is ABANDONED
-                        assert "ABANDONED" in str(e)
-                        continue
-                    with lock:
-                        done[t.number] = float(t.arch_index % 11)
-                if k == 0:
-                    clock.advance(60)  # leases run out now and then
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=worker, args=(svc, k)) for k in range(8) for svc in (a, b)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(600)
-    assert not errors, errors[:3]
-    rows = a.trials("alice", "c", page_size=1000).trials
-    held = [t.arch_index for t in rows if not (t.state == "ABANDONED")]
-    assert max(Counter(held).values()) == 1
-    by_number = {t.number: t for t in rows}
-    for n, v in done.items():
-        assert by_number[n].state == "COMPLETED" and by_number[n].value == v
-    assert len(done) > 50
-    released = {t.arch_index for t in rows if t.state == "ABANDONED"}
-    assert released and released & set(held)  # leases ran out and their architectures went out again
+    contend(tmp_path / "s.db", searcher)
 
 
 @pytest.mark.parametrize("name", ["phaze", "random", "grid", "optuna"])

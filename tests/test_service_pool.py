@@ -6,12 +6,10 @@ suggested again."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 
 import pytest
-from service_core_util import Clock, ask, replicas, study, tell
+from service_core_util import ask, contend, replicas, study, tell
 
 
 def _wait_pool(svc, owner: str, name: str, n: int, timeout_s: float = 30.0) -> None:
@@ -76,43 +74,4 @@ def test_two_pooled_replicas_under_contention_hand_out_no_architecture_twice(tmp
     """tests/test_service_leases.py's contention test with a pool on both replicas: their pools hold
     the same architectures all the time, so reservations collide constantly and must all end in a retry;
     leases run out meanwhile and their architectures go out again."""
-    from archplace.service.studies import Conflict
-
-    clock = Clock()
-    a, b = replicas(tmp_path / "s.db", clock=clock, pool=6)
-    a.create("alice", study("c", searcher=searcher, lease_s=100, seed=3))
-    done, errors, lock = {}, [], threading.Lock()
-
-    def worker(svc, k: int) -> None:
-        try:
-            for r in range(6):
-                for t in ask(svc, "alice", "c", count=2, client_id=f"w{k}-{r}").trials:
-                    if (t.number + k) % 5 == 0:
-                        continue  # abandoned: its lease runs out below
-                    try:
-                        tell(svc, "alice", "c", t.number, float(t.arch_index % 11))
-                    except Conflict as e:
-                        assert "ABANDONED" in str(e)
-                        continue
-                    with lock:
-                        done[t.number] = float(t.arch_index % 11)
-                if k == 0:
-                    clock.advance(60)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=worker, args=(svc, k)) for k in range(8) for svc in (a, b)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(600)
-    assert not errors, errors[:3]
-    rows = a.trials("alice", "c", page_size=1000).trials
-    held = [t.arch_index for t in rows if t.state != "ABANDONED"]
-    assert max(Counter(held).values()) == 1
-    by_number = {t.number: t for t in rows}
-    for n, v in done.items():
-        assert by_number[n].state == "COMPLETED" and by_number[n].value == v
-    assert len(done) > 50
-    released = {t.arch_index for t in rows if t.state == "ABANDONED"}
-    assert released and released & set(held)
+    contend(tmp_path / "s.db", searcher, pool=6)

@@ -257,13 +257,6 @@ def _cluster(req: PlanRequest):
     return spec, gpn, network, price
 
 
-def _costs(model: str, spec, op_model: str):
-    """(tp, mbs, tokens per rank, attention) -> ``parallel_step.LayerTimes`` of one micro-batch."""
-    from ..simulators.plan_costs import model_layer_costs
-
-    return model_layer_costs(model, spec, op_model)
-
-
 def _space(req: PlanRequest, shape, seq: int, gpn: int):
     from dataclasses import replace
 
@@ -335,7 +328,6 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
                       nvlink_bytes_per_s=spec.nvlink_bytes_per_s,
                       network_bytes_per_s=network["bytes_per_s_per_gpu"],
                       usd_per_gpu_hour=price["usd_per_gpu_hour"] if price else None)
-    costs = _costs(req.model, spec, req.op_model)
     space = _space(req, shape, seq, cluster.gpus_per_node)
     kw = dict(seq=seq, global_batch=req.global_batch, optimizer=req.optimizer,
               grad_bytes=grad_reduce_bytes_per_param(req.grad_reduce_dtype), top_k=req.top_k,
@@ -349,11 +341,11 @@ def plan(req: PlanRequest, *, progress: ProgressFn | None = None,
         res, tasks = search_in_tasks(req.model, spec, req.op_model, shape=shape, cluster=cluster, space=space,
                                      **kw)
     else:
-        res = search(shape, costs, cluster, space=space, **kw)
+        from ..simulators.plan_costs import model_layer_costs
+
+        res = search(shape, model_layer_costs(req.model, spec, req.op_model), cluster, space=space, **kw)
     # model FLOPs per token (PaLM, Chowdhery et al. 2022, App. B): 6 N + 12 L h s
-    lt1 = costs(1, 1, seq, "sdpa")
-    n_params = float(lt1.params.sum() - lt1.shared_params)
-    fpt = 6.0 * n_params + 12.0 * shape.layers * shape.hidden * seq
+    fpt = 6.0 * res.model_params + 12.0 * shape.layers * shape.hidden * seq
     kw = dict(global_batch=req.global_batch, seq=seq, flops_per_token=fpt, gpus=req.gpus,
               peak=cluster.peak_flops_per_s, usd_per_gpu_hour=cluster.usd_per_gpu_hour, overlap=req.overlap)
     top = [_candidate_dict(c, **kw) for c in res.top]

@@ -50,5 +50,6 @@ def search_in_tasks(model: str, spec: Any, op_model: str, *, shape, cluster: S.C
     merged = S.SearchResult(
         top=top, evaluated=sum(p.evaluated for p in parts), splits_priced=sum(p.splits_priced for p in parts),
         pruned={k: sum(p.pruned[k] for p in parts) for k in ("memory", "time")},
-        invalid=sum(p.invalid for p in parts), least_memory=least, captured=sum(p.captured for p in parts))
+        invalid=sum(p.invalid for p in parts), least_memory=least, captured=sum(p.captured for p in parts),
+        model_params=parts[0].model_params)
     return merged, len(refs)

@@ -7,10 +7,10 @@ nothing that a restart could lose, only caches rebuilt from these rows.
 
 One writer per study: every mutation of a study runs in ``write_tx``, which on SQLite takes the
 database's write lock at the start of the transaction (``BEGIN IMMEDIATE``), and on other databases
-locks the study's row (``SELECT ... FOR UPDATE``, see ``lock_study``). The transaction only reserves
-rows: the searcher proposes outside it (``studies.py``). A unique index on (study, architecture) over
-the trials that hold their architecture (all but those whose lease expired) makes a double
-suggestion impossible even if that discipline were broken.
+locks the study's row (``SELECT ... FOR UPDATE``: ``statements.SQL["study_for_update"]``). The
+transaction only reserves rows: the searcher proposes outside it (``studies.py``). A unique index on
+(study, architecture) over the trials that hold their architecture (all but those whose lease expired)
+makes a double suggestion impossible even if that discipline were broken.
 
 Identity: a study's ``uid`` (a random 128-bit hex) is never reused, and neither is its ``id``
 (AUTOINCREMENT on SQLite; a sequence elsewhere). Replica caches are keyed by the uid, so a study
@@ -265,12 +265,3 @@ def write_tx(engine: sa.Engine):
 def read_tx(engine: sa.Engine):
     with engine.connect() as conn, conn.begin():
         yield conn
-
-
-def lock_study(conn: sa.Connection, owner: str, name: str):
-    """The study's row, locked for this transaction (row lock on PostgreSQL; on SQLite the
-    transaction already holds the database write lock)."""
-    q = sa.select(studies).where(studies.c.owner == owner, studies.c.name == name)
-    if conn.dialect.name != "sqlite":
-        q = q.with_for_update()
-    return conn.execute(q).mappings().first()

@@ -30,6 +30,7 @@ Times in seconds, sizes in bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,6 +56,20 @@ class LayerTimes:
     bwd_collective_bytes: np.ndarray
     params: np.ndarray            # parameters this GPU holds per layer
     shared_params: int            # tied parameters counted in both embed and head
+
+    @cached_property
+    def is_block(self) -> np.ndarray:
+        """Which layers are blocks (not ``embed`` or ``head``), computed once per instance: every pricing
+        of a configuration needs it."""
+        return np.array([n not in ("embed", "head") for n in self.names], dtype=bool)
+
+    @cached_property
+    def block_index(self) -> np.ndarray:
+        return np.flatnonzero(self.is_block)
+
+    def end_sum(self, values: np.ndarray, end: str) -> float:
+        """The sum of ``values`` (one per layer) over the layers named ``end`` (``embed`` or ``head``)."""
+        return float(sum(values[i] for i, n in enumerate(self.names) if n == end))
 
 
 def layer_times(graph, time_s) -> LayerTimes:
@@ -119,8 +134,7 @@ def layer_microbatch_s(lt: LayerTimes, knobs: StepKnobs, links: Links, *, cp_byt
     coll_f = collectives.allreduce_s(lt.fwd_collective_bytes, t, links.tp_bytes_per_s)
     coll_b = collectives.allreduce_s(lt.bwd_collective_bytes, t, links.tp_bytes_per_s)
     hidden = np.minimum(coll_b, lt.col_wgrad_s) if knobs.tp_bwd_overlap else 0.0
-    is_block = np.ones(len(lt.names), bool)
-    is_block[[i for i, n in enumerate(lt.names) if n in ("embed", "head")]] = False
+    is_block = lt.is_block
     if knobs.recompute == "full":
         re_s, re_comm = fwd, coll_f
     elif knobs.recompute == "selective":
@@ -149,7 +163,7 @@ def layer_forward_s(lt: LayerTimes, knobs: StepKnobs, links: Links, *, cp_bytes_
     fwd = lt.fwd_s - shrink * lt.replicated_fwd_s + (cp - 1) * lt.attn_fwd_s
     out = fwd + collectives.allreduce_s(lt.fwd_collective_bytes, t, links.tp_bytes_per_s)
     if cp > 1:
-        is_block = np.array([n not in ("embed", "head") for n in lt.names])
+        is_block = lt.is_block
         ring_f = (cp - 1) * collectives.p2p_s(kv_bytes, cp_bytes_per_s)
         out = out + np.where(is_block, np.maximum(ring_f - cp * lt.attn_fwd_s, 0.0), 0.0)
     return out
@@ -239,12 +253,9 @@ def dp_sync_s(params: float, *, zero: int, ranks: int, grad_bytes: int, bytes_pe
     """The data-parallel gradient sync after the flush: a ring all-reduce of the gradients (ZeRO 0), a
     reduce-scatter of them and an all-gather of the updated weights (ZeRO 1, 2), nothing (ZeRO 3: every
     micro-batch's reduce-scatter is in :func:`zero3_stage_s`)."""
-    if ranks == 1 or zero == 3:
-        return 0.0
-    if zero == 0:
-        return float(collectives.allreduce_s(params * grad_bytes, ranks, bytes_per_s))
-    return float(collectives.reduce_scatter_s(params * grad_bytes, ranks, bytes_per_s)
-                 + collectives.allgather_s(params * param_bytes, ranks, bytes_per_s))
+    reduce, gather = dp_sync_parts_s(params, zero=zero, ranks=ranks, grad_bytes=grad_bytes,
+                                     bytes_per_s=bytes_per_s, param_bytes=param_bytes)
+    return float(reduce + gather)
 
 
 def zero3_stage_s(forward_s, backward_s, params, *, ranks: int, grad_bytes: int, bytes_per_s: float,

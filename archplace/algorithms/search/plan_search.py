@@ -112,6 +112,7 @@ class SearchResult:
     invalid: int                      # combinations no framework runs (a count that does not divide ...)
     least_memory: Candidate | None    # the configuration closest to fitting, when nothing fits
     captured: int                     # distinct (tp, mbs, seq / cp, attention) op timings asked for
+    model_params: float = 0.0         # the whole model's parameters (tp 1), tied ones once
     notes: list[str] = field(default_factory=list)
 
 
@@ -234,7 +235,8 @@ def search(shape: tm.TransformerShape, costs: Callable[[int, int, int, str], ps.
                                             heapq.heapreplace(heap, item)
     top = sorted((it[2] for it in heap), key=Candidate.order)
     return SearchResult(top=top, evaluated=evaluated, splits_priced=splits_priced, pruned=pruned,
-                        invalid=invalid, least_memory=least if not top else None, captured=len(asked))
+                        invalid=invalid, least_memory=least if not top else None, captured=len(asked),
+                        model_params=params_1 - shared_1)
 
 
 def _without_attention(lt: ps.LayerTimes) -> ps.LayerTimes:
@@ -257,14 +259,9 @@ def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_b
     knobs = ps.StepKnobs(tp=tp, cp=cp, sequence_parallel=sp, recompute=rec, tp_bwd_overlap=overlap)
     kv_bytes = 2 * mbs * (seq / cp) * shape.kv_hidden / tp * tm.ACT_BYTES
     per_layer = ps.layer_microbatch_s(lt, knobs, links, cp_bytes_per_s=cp_bw, kv_bytes=kv_bytes)
-    names = lt.names
-    ends = {"embed": 0.0, "head": 0.0}
-    end_params = {"embed": 0, "head": 0}
-    blocks_idx = [i for i, n in enumerate(names) if n not in ends]
-    for i, n in enumerate(names):
-        if n in ends:
-            ends[n] += float(per_layer[i])
-            end_params[n] += int(lt.params[i])
+    blocks_idx = lt.block_index
+    ends = {e: lt.end_sum(per_layer, e) for e in ("embed", "head")}
+    end_params = {e: int(lt.end_sum(lt.params, e)) for e in ("embed", "head")}
     block_s = per_layer[blocks_idx]
     block_params = lt.params[blocks_idx].astype(float)
     if len(block_s) != shape.layers:
@@ -304,8 +301,8 @@ def _price(shape, lt, cluster, links, cp_bw, state, opt_update, *, seq, global_b
     # one micro-batch's forward per stage (the rest of the stage time is its backward)
     fwd_layer = ps.layer_forward_s(lt, knobs, links, cp_bytes_per_s=cp_bw, kv_bytes=kv_bytes)
     fwd_st = ps.stage_sums(fwd_layer[blocks_idx], splits) + p2p / 2
-    fwd_st[:, 0] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "embed")
-    fwd_st[:, -1] += sum(float(fwd_layer[i]) for i, n in enumerate(names) if n == "head")
+    fwd_st[:, 0] += lt.end_sum(fwd_layer, "embed")
+    fwd_st[:, -1] += lt.end_sum(fwd_layer, "head")
     bwd_st = st - fwd_st
     if zero == 3:
         st = ps.zero3_stage_s(fwd_st, bwd_st, params, ranks=shards, grad_bytes=grad_bytes,
