@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -259,6 +260,65 @@ def write_tx(engine: sa.Engine):
                 yield conn
         finally:
             conn.info.pop("write", None)
+
+
+class _Write:
+    """One request's part of a group commit: its function, then its result or its error."""
+
+    __slots__ = ("fn", "done", "value", "error")
+
+    def __init__(self, fn) -> None:
+        self.fn, self.done, self.value, self.error = fn, False, None, None
+
+
+_QUEUES: dict[int, deque] = {}
+
+
+def group_write(engine: sa.Engine, fn):
+    """``fn(conn)`` in a write transaction shared with every other ``group_write`` of this process
+    that is waiting for the write lock (a group commit), its result once that transaction committed.
+
+    Why: on SQLite one writer serves the whole file, so concurrent completes queue for the write lock
+    one transaction each; the thread that gets the lock now commits all that queued behind it in one
+    ``BEGIN IMMEDIATE`` ... ``COMMIT``, and a second replica waits for the file's lock once per batch
+    instead of once per request. Each function runs inside its own SAVEPOINT: one that raises (a
+    conflict, a bad value) rolls back only its own statements and gets its own exception; a commit
+    that fails fails every request of the batch, none of which was answered yet, so nothing
+    acknowledged is lost. Other databases have row locks per study and their own concurrency: there
+    ``fn`` runs in its own ``write_tx``."""
+    if engine.dialect.name != "sqlite":
+        with write_tx(engine) as conn:
+            return fn(conn)
+    me = _Write(fn)
+    with _GUARD:
+        q = _QUEUES.setdefault(id(engine), deque())
+    q.append(me)  # deque.append and popleft are atomic
+    with _writer_lock(engine):
+        if not me.done:  # nobody committed it while this thread waited: lead a batch
+            batch = []
+            while q:
+                batch.append(q.popleft())
+            try:
+                with engine.connect() as conn:
+                    conn.info["write"] = True
+                    try:
+                        with conn.begin():
+                            for w in batch:
+                                try:
+                                    with conn.begin_nested():
+                                        w.value = w.fn(conn)
+                                except Exception as e:  # noqa: BLE001 - handed to its own request below
+                                    w.error = e
+                    finally:
+                        conn.info.pop("write", None)
+            except Exception as e:  # noqa: BLE001 - the commit failed: every request of the batch
+                for w in batch:
+                    w.error = w.error or e
+            for w in batch:
+                w.done = True
+    if me.error is not None:
+        raise me.error
+    return me.value
 
 
 @contextmanager

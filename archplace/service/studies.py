@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from .db import read_tx, studies, trials, write_tx
+from .db import group_write, read_tx, studies, trials, write_tx
 from .schemas import (
     LIMITS,
     CompleteRequest,
@@ -550,35 +550,35 @@ class StudyService:
         }
 
     def complete(self, owner: str, name: str, number: int, req: CompleteRequest) -> TrialModel:
+        """Store a trial's result. On SQLite completes waiting for the write lock commit together
+        (``db.group_write``), each in its own savepoint."""
         now = self.clock()
-        with write_tx(self.engine) as conn:
-            row = self._get_row(conn, owner, name, lock=True)
-            config = json.loads(row["config_json"])
-            t = self._trial_row(conn, row, name, number)
-            value, values = self._measurement(config, req)
-            if t["state"] != "PENDING":
-                same = (
-                    t["state"] == req.state
-                    and t["value"] == value
-                    and (json.loads(t["values_json"]) if t["values_json"] else None) == values
-                )
-                if same:
-                    return _trial_model(t, owner, name)  # a retried completion: nothing changes
-                raise Conflict(
-                    f"trial {number} is already {t['state']}"
-                    + (f" with value {t['value']}" if t["value"] is not None else "")
-                    + (" (its lease expired)" if t["released"] else "")
-                )
-            seq = row["seq"] + 1
-            conn.execute(SQL["complete"], {
-                "p_tid": t["id"], "p_state": req.state, "p_value": value,
-                "p_values": json.dumps(values) if values is not None else None, "p_reason": req.reason,
-                "p_seq": seq, "p_now": now})
-            # the client is alive: its other trials' leases start again
-            conn.execute(SQL["renew_live"], {"p_sid": row["id"], "p_client": t["client_id"], "p_now": now,
-                                             "p_until": now + config.get("lease_s", 3600)})
-            conn.execute(SQL["study_seq"], {"p_sid": row["id"], "p_seq": seq})
-            t = conn.execute(SQL["trial_by_id"], {"p_tid": t["id"]}).mappings().one()
+        return group_write(self.engine, lambda conn: self._complete(conn, owner, name, number, req, now))
+
+    def _complete(self, conn, owner: str, name: str, number: int, req: CompleteRequest, now: float):
+        row = self._get_row(conn, owner, name, lock=True)
+        config = json.loads(row["config_json"])
+        t = self._trial_row(conn, row, name, number)
+        value, values = self._measurement(config, req)
+        if t["state"] != "PENDING":
+            old_values = json.loads(t["values_json"]) if t["values_json"] else None
+            if t["state"] == req.state and t["value"] == value and old_values == values:
+                return _trial_model(t, owner, name)  # a retried completion: nothing changes
+            raise Conflict(
+                f"trial {number} is already {t['state']}"
+                + (f" with value {t['value']}" if t["value"] is not None else "")
+                + (" (its lease expired)" if t["released"] else "")
+            )
+        seq = row["seq"] + 1
+        conn.execute(SQL["complete"], {
+            "p_tid": t["id"], "p_state": req.state, "p_value": value,
+            "p_values": json.dumps(values) if values is not None else None, "p_reason": req.reason,
+            "p_seq": seq, "p_now": now})
+        # the client is alive: its other trials' leases start again
+        conn.execute(SQL["renew_live"], {"p_sid": row["id"], "p_client": t["client_id"], "p_now": now,
+                                         "p_until": now + config.get("lease_s", 3600)})
+        conn.execute(SQL["study_seq"], {"p_sid": row["id"], "p_seq": seq})
+        t = conn.execute(SQL["trial_by_id"], {"p_tid": t["id"]}).mappings().one()
         return _trial_model(t, owner, name)
 
     @staticmethod
