@@ -47,7 +47,7 @@ def test_one_replica_suggests_what_it_would_without_a_pool(tmp_path, searcher):
 
 
 def test_a_pooled_suggest_is_one_transaction(tmp_path, monkeypatch):
-    """With the pool full, a suggest opens one transaction, a write one, and runs no searcher."""
+    """With the pool full, a suggest opens one transaction, a (group) write, and runs no searcher."""
     from archplace.service import db, searchers, studies
 
     (s,) = replicas(tmp_path / "s.db", 1, pool=4)
@@ -55,9 +55,11 @@ def test_a_pooled_suggest_is_one_transaction(tmp_path, monkeypatch):
     ask(s, "o", "p", client_id="warm")
     _wait_pool(s, "o", "p", 4)
     opened, proposed = [], []
-    real_read, real_write = db.read_tx, db.write_tx
+    real_read, real_write, real_group = db.read_tx, db.write_tx, db.group_write
     monkeypatch.setattr(studies, "read_tx", lambda eng: (opened.append("read"), real_read(eng))[1])
     monkeypatch.setattr(studies, "write_tx", lambda eng: (opened.append("write"), real_write(eng))[1])
+    monkeypatch.setattr(studies, "group_write",
+                        lambda eng, fn: (opened.append("write"), real_group(eng, fn))[1])
     real_propose = searchers.StudySearcher.propose
     monkeypatch.setattr(searchers.StudySearcher, "propose",
                         lambda self: (proposed.append(1), real_propose(self))[1])

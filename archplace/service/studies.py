@@ -371,14 +371,14 @@ class StudyService:
 
     def _suggest_from_pool(self, owner: str, name: str, count: int, client: str, e: Entry,
                            now: float) -> SuggestResponse:
-        """One write transaction: the pool's first ``count`` proposals reserved (those another replica
-        took meanwhile are retracted; none left and nothing pending: ``_Taken``, the caller retries)."""
+        """One group write: the pool's first ``count`` proposals reserved (those another replica took
+        meanwhile are retracted; none left and nothing pending: ``_Taken``, the caller retries)."""
         s = e.searcher
         synced = s.seq
         proposals = e.pool[:count]
         try:
-            with write_tx(self.engine) as conn:
-                out = self._reserve(conn, owner, name, e, e._config[1], count, client, proposals, False, now)
+            out = group_write(self.engine, lambda conn: self._reserve(
+                conn, owner, name, e, e._config[1], count, client, proposals, False, now))
         except _Taken:   # every proposal it needed is held elsewhere: the pool is stale, drop it all;
             for i in e.pool:   # the retry proposes after catching up, as without a pool
                 s.retract(i)
