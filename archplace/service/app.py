@@ -68,6 +68,7 @@ class ServiceState:
     limits: HttpLimits = field(default_factory=HttpLimits)  # the HTTP guard's (http_guard.py)
     study_limits: dict[str, int] = field(default_factory=dict)  # StudyService's max_studies, max_points
     pool: int = DEFAULT_POOL  # proposals each study keeps ready (StudyService's pool; 0: per request)
+    lane: tuple[int, int] = (0, 1)  # (this replica's rank, replicas): StudySearcher's lanes
     studies: StudyService = field(init=False)
     operations: OperationService = field(init=False)
     tokens: TokenCache = field(init=False)
@@ -75,7 +76,7 @@ class ServiceState:
     def __post_init__(self) -> None:
         if self.auth not in ("token", "none"):
             raise ValueError(f"auth must be 'token' or 'none', got {self.auth!r}")
-        self.studies = StudyService(self.engine, **self.study_limits, pool=self.pool)
+        self.studies = StudyService(self.engine, **self.study_limits, pool=self.pool, lane=self.lane)
         self.operations = OperationService(self.engine)
         self.tokens = TokenCache(self.engine)
 

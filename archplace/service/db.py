@@ -23,15 +23,20 @@ architecture cannot be relaxed in place on SQLite, so it must be moved aside and
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy import event
+
+from .fifo_lock import FifoLock
 
 metadata = sa.MetaData()
 SCHEMA_VERSION = 2
@@ -233,20 +238,59 @@ def check_schema(engine: sa.Engine) -> None:
 _SCHEMA_LOCK_KEY = 0x61726368706C6163 & 0x7FFFFFFFFFFFFFFF  # "archplac": any fixed bigint shared by replicas
 
 
-_SQLITE_WRITERS: dict[int, threading.Lock] = {}
+class _SQLiteWriter:
+    """On SQLite, one writing thread per process at a time, and one process at a time per file.
+
+    Why: SQLite has one write lock for the whole file, and its busy handler sleeps in growing steps
+    (up to 100 ms) while it waits. Inside a process, 32 request threads contending for it spent most
+    of their time asleep (measured: 72 requests/s at 16 clients fell to 14 at 64), so they queue on a
+    ``FifoLock`` that hands the write lock over at once. Between processes (replicas on one file) the
+    same sleeps let one replica starve the other's requests for seconds, so the holder also takes an
+    ``flock`` on a file beside the database, in whose queue the kernel wakes a waiting process the
+    moment it is released (the busy handler stays as the backstop for writers that do not take it)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._threads = FifoLock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600) if path else None
+
+    def __enter__(self) -> _SQLiteWriter:
+        self._threads.acquire()
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks without the GIL
+            except BaseException:
+                self._threads.release()
+                raise
+        return self
+
+    def locked(self) -> bool:
+        return self._threads.locked()
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+
+# per engine, gone with it (an id() key could be reused by a later engine on another file)
+_SQLITE_WRITERS: weakref.WeakKeyDictionary[sa.Engine, _SQLiteWriter] = weakref.WeakKeyDictionary()
+_QUEUES: weakref.WeakKeyDictionary[sa.Engine, deque] = weakref.WeakKeyDictionary()
 _GUARD = threading.Lock()
 
 
 def _writer_lock(engine: sa.Engine):
-    """On SQLite, one writing thread per process at a time. SQLite has one write lock for the whole
-    file and its busy handler sleeps in growing steps while it waits, so 32 request threads contending
-    for it spend most of their time asleep (measured: 72 requests/s at 16 clients fell to 14 at 64);
-    queueing them on a Python lock hands the write lock over at once. Other processes (replicas) still
-    wait through the busy handler. PostgreSQL needs no such lock: its row locks are per study."""
+    """The engine's ``_SQLiteWriter`` on SQLite; none elsewhere (PostgreSQL's row locks are per study)."""
     if engine.dialect.name != "sqlite":
         return nullcontext()
     with _GUARD:
-        return _SQLITE_WRITERS.setdefault(id(engine), threading.Lock())
+        w = _SQLITE_WRITERS.get(engine)
+        if w is None:
+            file = engine.url.database
+            path = f"{file}.writer-lock" if file and file != ":memory:" else None
+            w = _SQLITE_WRITERS[engine] = _SQLiteWriter(path)
+            if w._fd is not None:
+                weakref.finalize(engine, os.close, w._fd)
+        return w
 
 
 @contextmanager
@@ -271,9 +315,6 @@ class _Write:
         self.fn, self.done, self.value, self.error = fn, False, None, None
 
 
-_QUEUES: dict[int, deque] = {}
-
-
 def group_write(engine: sa.Engine, fn):
     """``fn(conn)`` in a write transaction shared with every other ``group_write`` of this process
     that is waiting for the write lock (a group commit), its result once that transaction committed.
@@ -291,7 +332,7 @@ def group_write(engine: sa.Engine, fn):
             return fn(conn)
     me = _Write(fn)
     with _GUARD:
-        q = _QUEUES.setdefault(id(engine), deque())
+        q = _QUEUES.setdefault(engine, deque())
     q.append(me)  # deque.append and popleft are atomic
     with _writer_lock(engine):
         if not me.done:  # nobody committed it while this thread waited: lead a batch

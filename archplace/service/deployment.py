@@ -245,8 +245,9 @@ class ArchplaceService:
         bind_internal_grpc_to_node_ip()
         if listen is not None:
             serve_http_on(*listen)
+        ctx = serve.get_replica_context()  # replicas propose from their own lanes (StudySearcher)
         self.state = ServiceState(make_engine(db), auth=auth, limits=limits or HttpLimits(),
-                                  study_limits=study_limits or {})
+                                  study_limits=study_limits or {}, lane=(ctx.rank.rank, ctx.world_size))
         self.runner = OperationRunner(self.state.engine, max_running=max_running_operations).start()
 
     def __serve_build_asgi_app__(self):

@@ -41,6 +41,7 @@ from ..algorithms.search.phaze import PhazeGenerator
 from ..algorithms.search.tune_searchers import nearest_index, optuna_space, reference_fields
 from ..hardware.space import ARCH_FIELDS, ArchSpace, _enumerate, load_space_config
 from .db import studies
+from .fifo_lock import FifoLock
 
 
 def study_space(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -110,7 +111,7 @@ def arch_params(space: ArchSpace | MCMStudySpace, index: int) -> dict[str, Any]:
 
 
 class StudySearcher:
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], lane: tuple[int, int] = (0, 1)) -> None:
         self.mcm = config.get("target") == "mcm"
         self.space_spec = config.get("space") if self.mcm else study_space(config)
         self.space = MCMStudySpace(self.space_spec) if self.mcm else build_space(self.space_spec)
@@ -129,6 +130,12 @@ class StudySearcher:
         n = len(self.space)
         self.generator = self.order = self._study = None
         self._cursor = 0
+        # (rank, replicas): replica ``rank`` of ``replicas`` proposes its own lane of the random or grid
+        # order first (positions rank, rank + replicas, ...), then whatever is left of the whole order,
+        # and seeds TPE with seed + rank, so replicas sharing a study rarely propose the same
+        # architecture (each clash costs a retry). One replica: (0, 1), exactly the order as before.
+        self.lane = (int(lane[0]) % max(int(lane[1]), 1), max(int(lane[1]), 1))
+        self._pass2 = 0  # the cursor over the whole order once the lane is done
         self._live: dict[int, Any] = {}  # optuna: architecture index -> its asked, untold trial
         self._exp: np.ndarray | None = None
         if self.mcm and self.name == "phaze":
@@ -146,7 +153,7 @@ class StudySearcher:
             lex = np.lexsort((s.glb_mb, s.pe_y, s.pe_x, s.num_vc, s.num_tc))
             self.order = np.r_[0, lex[lex != 0]].astype(np.int32)
         elif self.name == "optuna":
-            self._setup_optuna(int(config.get("seed", 0)))
+            self._setup_optuna(int(config.get("seed", 0)) + (self.lane[0] if self.lane[1] > 1 else 0))
         else:
             raise ValueError(f"searcher {self.name!r} unknown; allowed: phaze, optuna, random, grid")
 
@@ -246,9 +253,16 @@ class StudySearcher:
                 i = self.generator.next_index()
                 if i is None or self._free(i):
                     return i
-        while self._cursor < len(self.order):
-            i = int(self.order[self._cursor])
+        rank, replicas = self.lane
+        n = len(self.order)
+        while rank + self._cursor * replicas < n:  # the lane (all of the order for one replica)
+            i = int(self.order[rank + self._cursor * replicas])
             self._cursor += 1
+            if self._free(i):
+                return i
+        while replicas > 1 and self._pass2 < n:  # then the other lanes' leftovers
+            i = int(self.order[self._pass2])
+            self._pass2 += 1
             if self._free(i):
                 return i
         return None
@@ -322,11 +336,11 @@ class StudySearcher:
 
 class Entry:
     """A replica's cache of one study: its searcher, built on first use, and the lock that keeps one
-    thread at a time in it."""
+    thread at a time in it (first come, first served: see ``FifoLock``)."""
 
     def __init__(self, uid: str, points: int) -> None:
         self.uid, self.points = uid, points
-        self.lock = threading.Lock()
+        self.lock = FifoLock()
         self.searcher: StudySearcher | None = None
         self._config: tuple[str, dict] | None = None   # (config_json, parsed): parsed once per study
         # proposals made ahead of the requests that take them (StudyService's pool): proposed in the

@@ -146,14 +146,14 @@ class StudyService:
         sweep_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         pool: int = 0,
+        lane: tuple[int, int] = (0, 1),
     ) -> None:
-        self.engine = engine
+        self.engine, self.lane = engine, lane  # lane: (replica rank, replicas), see StudySearcher
         self.max_studies, self.max_points, self.clock = max_studies, max_points, clock
         self.cache = SearcherCache(cache_points, sweep_s)
         self._uids: dict[tuple[str, str], str] = {}   # (owner, name) -> the study uid last seen here
-        # pool > 0: each study keeps up to ``pool`` proposals ready, refilled by a background thread
-        # outside any request (OSS Vizier's REQUESTED pool); a suggest that finds enough takes them in
-        # its one write transaction. 0 (the default of a bare StudyService): propose per request.
+        # pool > 0: each study keeps up to ``pool`` proposals ready, refilled by a background thread outside
+        # any request (OSS Vizier's REQUESTED pool), taken in a suggest's one write; 0: propose per request
         self.pool = int(pool)
         self._refills: queue.SimpleQueue[Entry] = queue.SimpleQueue()
         if self.pool > 0:
@@ -195,7 +195,7 @@ class StudyService:
         config = req.model_dump(mode="json")
         if config.get("target") == "accelerator":  # as before the field existed: old studies compare equal
             del config["target"]
-        s = StudySearcher(config)  # checks the space and constraint before anything is written
+        s = StudySearcher(config, self.lane)  # checks the space and constraint before anything is written
         text = json.dumps(config, sort_keys=True)
         with write_tx(self.engine) as conn:
             row = (
@@ -442,7 +442,7 @@ class StudyService:
             if row["uid"] != e.uid:
                 raise _Moved
             if e.searcher is None:
-                e.searcher = StudySearcher(json.loads(row["config_json"]))
+                e.searcher = StudySearcher(json.loads(row["config_json"]), self.lane)
             s = e.searcher
             self._sync(conn, row, s)
             held = conn.execute(SQL["held"], {"p_sid": row["id"], "p_client": client, "p_now": now}).scalar()

@@ -311,6 +311,8 @@ def ask_tell(url: str, token: str, clients: int, rounds: int, tag: str) -> dict:
     per = rounds // clients
     lock = threading.Lock()
     suggest_s: list[float] = []
+    first_s: list[float] = []    # each client's first suggest: all arrive at once on a fresh study
+    later_s: list[float] = []
     complete_s: list[float] = []
     received: list[tuple[int, int, float]] = []
     errors: list[str] = []
@@ -339,6 +341,8 @@ def ask_tell(url: str, token: str, clients: int, rounds: int, tag: str) -> dict:
             errors.append(repr(e))
         with lock:
             suggest_s.extend(s_s)
+            first_s.extend(s_s[:1])
+            later_s.extend(s_s[1:])
             complete_s.extend(c_s)
             received.extend(got)
             retried[0] += mine[0]
@@ -359,6 +363,10 @@ def ask_tell(url: str, token: str, clients: int, rounds: int, tag: str) -> dict:
     return {"clients": clients, "rounds": per * clients, "requests": n_req, "wall_s": wall,
             "requests_per_s": n_req / wall, "rounds_per_s": per * clients / wall,
             "suggest_ms": stats(suggest_s), "complete_ms": stats(complete_s),
+            # the burst at the start (every client's first suggest at once, on a study no replica has
+            # a searcher for yet) apart from the steady state after it
+            "suggest_first_round_ms": stats(first_s),
+            "suggest_later_rounds_ms": stats(later_s),
             "retried_5xx": retried[0], "verified": verified}
 
 
@@ -534,7 +542,9 @@ def run_config(name: str, db: str, args, levels: list[int], pg, prof_dir: Path |
                 r["profile_replica_0"] = prof.stop()
             out["ask_tell"].append(r)
             print(f"  {name} {c:3d} clients: {r['requests_per_s']:6.1f} req/s, suggest p50/p99 "
-                  f"{r['suggest_ms']['p50']:.0f}/{r['suggest_ms']['p99']:.0f} ms, verified "
+                  f"{r['suggest_ms']['p50']:.0f}/{r['suggest_ms']['p99']:.0f} ms (first round "
+                  f"{r['suggest_first_round_ms']['p99']:.0f}, later "
+                  f"{r['suggest_later_rounds_ms']['p99']:.0f}), verified "
                   f"{r['verified']['ok']}", flush=True)
         out["evaluations"] = (evaluations(url, token, args.evaluations, args.cached_repeats)
                               if with_evaluations else None)
