@@ -297,7 +297,15 @@ def _writer_lock(engine: sa.Engine):
 def write_tx(engine: sa.Engine):
     """A transaction that may write: on SQLite it holds the write lock from its first statement, so
     a read-then-write (suggest, complete) cannot interleave with another writer."""
-    with _writer_lock(engine), engine.connect() as conn:
+    with _writer_lock(engine), _write_transaction(engine) as conn:
+        yield conn
+
+
+@contextmanager
+def _write_transaction(engine: sa.Engine):
+    """A transaction marked as a writer's (``BEGIN IMMEDIATE`` on SQLite), for a caller that already
+    holds the writer lock; the pooled connection forgets the mark afterwards."""
+    with engine.connect() as conn:
         conn.info["write"] = True
         try:
             with conn.begin():
@@ -340,18 +348,13 @@ def group_write(engine: sa.Engine, fn):
             while q:
                 batch.append(q.popleft())
             try:
-                with engine.connect() as conn:
-                    conn.info["write"] = True
-                    try:
-                        with conn.begin():
-                            for w in batch:
-                                try:
-                                    with conn.begin_nested():
-                                        w.value = w.fn(conn)
-                                except Exception as e:  # noqa: BLE001 - handed to its own request below
-                                    w.error = e
-                    finally:
-                        conn.info.pop("write", None)
+                with _write_transaction(engine) as conn:
+                    for w in batch:
+                        try:
+                            with conn.begin_nested():
+                                w.value = w.fn(conn)
+                        except Exception as e:  # noqa: BLE001 - handed to its own request below
+                            w.error = e
             except Exception as e:  # noqa: BLE001 - the commit failed: every request of the batch
                 for w in batch:
                     w.error = w.error or e

@@ -134,7 +134,8 @@ class StudySearcher:
         # order first (positions rank, rank + replicas, ...), then whatever is left of the whole order,
         # and seeds TPE with seed + rank, so replicas sharing a study rarely propose the same
         # architecture (each clash costs a retry). One replica: (0, 1), exactly the order as before.
-        self.lane = (int(lane[0]) % max(int(lane[1]), 1), max(int(lane[1]), 1))
+        replicas = max(int(lane[1]), 1)
+        self.lane = (int(lane[0]) % replicas, replicas)
         self._pass2 = 0  # the cursor over the whole order once the lane is done
         self._live: dict[int, Any] = {}  # optuna: architecture index -> its asked, untold trial
         self._exp: np.ndarray | None = None
@@ -153,7 +154,7 @@ class StudySearcher:
             lex = np.lexsort((s.glb_mb, s.pe_y, s.pe_x, s.num_vc, s.num_tc))
             self.order = np.r_[0, lex[lex != 0]].astype(np.int32)
         elif self.name == "optuna":
-            self._setup_optuna(int(config.get("seed", 0)) + (self.lane[0] if self.lane[1] > 1 else 0))
+            self._setup_optuna(int(config.get("seed", 0)) + self.lane[0])  # rank 0 alone: the seed itself
         else:
             raise ValueError(f"searcher {self.name!r} unknown; allowed: phaze, optuna, random, grid")
 
